@@ -1,0 +1,276 @@
+"""SQLModel tables: the service's data. Timestamps are timezone-aware UTC.
+
+Every table is migrated by Alembic (``store/migrations``); change a table here,
+then add a migration (``alembic revision --autogenerate``) in the same commit.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Enum as SAEnum, Column, DateTime, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite keeps naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given for a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Role(enum.StrEnum):
+    owner = "owner"
+    admin = "admin"
+    member = "member"
+    viewer = "viewer"
+
+
+class Platform(enum.StrEnum):
+    android = "android"
+    ios = "ios"
+
+
+class Channel(enum.StrEnum):
+    push = "push"
+    inapp = "inapp"
+
+
+class CampaignState(enum.StrEnum):
+    draft = "draft"
+    started = "started"
+    ended = "ended"
+
+
+class RequestState(enum.StrEnum):
+    """Mirror of the flow run's state, for queries. Prefect's state wins."""
+
+    scheduled = "scheduled"
+    running = "running"
+    processed = "processed"
+    canceled = "canceled"
+    failed = "failed"
+
+
+class MessageSource(enum.StrEnum):
+    json = "json"
+    csv = "csv"
+
+
+def _enum(kind: type[enum.StrEnum]) -> Any:
+    """Enums stored as short strings (no database enum types to migrate)."""
+    return SAEnum(kind, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+
+
+class Organisation(SQLModel, table=True):
+    """A subscription: its accounts, apps and campaigns, and its request quota."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True, min_length=1, max_length=200)
+    request_quota: int = Field(default=10_000, ge=0)
+    quota_period: str = Field(default="monthly", max_length=16)
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class Account(SQLModel, table=True):
+    """A person who signs in to the API."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    org_id: int = Field(foreign_key="organisation.id", index=True)
+    email: str = Field(unique=True, min_length=3, max_length=320)
+    password_hash: str
+    role: Role = Field(default=Role.member, sa_type=_enum(Role))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class App(SQLModel, table=True):
+    """A mobile app of an organisation; its SDK key authenticates device calls."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    app_id: str = Field(unique=True, min_length=1, max_length=200)
+    org_id: int = Field(foreign_key="organisation.id", index=True)
+    platform: Platform = Field(sa_type=_enum(Platform))
+    sdk_key: str = Field(unique=True, max_length=128)
+    provider_auth_failed_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class Campaign(SQLModel, table=True):
+    """An API-trigger campaign: a template sent to one or more apps."""
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
+    org_id: int = Field(foreign_key="organisation.id", index=True)
+    channel: Channel = Field(sa_type=_enum(Channel))
+    state: CampaignState = Field(default=CampaignState.draft, sa_type=_enum(CampaignState))
+    title: str = Field(sa_column=Column(Text, nullable=False))
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    variables: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class CampaignApp(SQLModel, table=True):
+    """Which apps a campaign sends to."""
+
+    campaign_id: str = Field(foreign_key="campaign.id", primary_key=True, max_length=64)
+    app_id: str = Field(foreign_key="app.app_id", primary_key=True, max_length=200)
+
+
+class Device(SQLModel, table=True):
+    """One install of an app, with the user last logged in on it."""
+
+    __table_args__ = (
+        UniqueConstraint("app_id", "device_id"),
+        Index("ix_device_app_user", "app_id", "user_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    app_id: str = Field(foreign_key="app.app_id", max_length=200)
+    device_id: str = Field(min_length=1, max_length=200)
+    user_id: str | None = Field(default=None, max_length=200)
+    push_token: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    opted_in: bool = True
+    logged_in: bool = True
+    unregistered_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+    uninstalled_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+    updated_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class Request(SQLModel, table=True):
+    """A batch: the messages of one trigger call, delivered by one flow run."""
+
+    __table_args__ = (
+        Index("ix_request_campaign_state", "campaign_id", "state"),
+        Index("ix_request_outbox", "flow_run_id", "state"),
+        UniqueConstraint("org_id", "idempotency_key"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=64)
+    org_id: int = Field(foreign_key="organisation.id", index=True)
+    campaign_id: str = Field(foreign_key="campaign.id", max_length=64)
+    requested_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+    send_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    source: MessageSource = Field(sa_type=_enum(MessageSource))
+    message_count: int = Field(default=0, ge=0)
+    messages_path: str | None = Field(default=None, max_length=1000)
+    state: RequestState = Field(default=RequestState.scheduled, sa_type=_enum(RequestState))
+    flow_run_id: str | None = Field(default=None, max_length=64)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    body_hash: str | None = Field(default=None, max_length=128)
+    processed_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+    report_paths: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+
+
+class RequestMessage(SQLModel, table=True):
+    """One message of a JSON request (CSV requests keep theirs in the stored file)."""
+
+    request_id: str = Field(foreign_key="request.id", primary_key=True, max_length=64)
+    seq: int = Field(primary_key=True, ge=0)
+    user_id: str = Field(max_length=200)
+    template_variables: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False)
+    )
+
+
+class DeliveredChunk(SQLModel, table=True):
+    """A chunk whose outcomes are recorded: never sent again (written with its outcomes)."""
+
+    request_id: str = Field(foreign_key="request.id", primary_key=True, max_length=64)
+    chunk_no: int = Field(primary_key=True, ge=0)
+    recorded_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class Outcome(SQLModel, table=True):
+    """One report row: what happened to one message on one device (or why it was not sent)."""
+
+    __table_args__ = (Index("ix_outcome_request_app", "request_id", "app_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str = Field(foreign_key="request.id", max_length=64)
+    chunk_no: int = Field(ge=0)
+    app_id: str = Field(max_length=200)
+    user_id: str = Field(max_length=200)
+    device_id: str = Field(default="", max_length=200)
+    channel: Channel = Field(sa_type=_enum(Channel))
+    sent_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+    error_message: str = Field(default="", max_length=64)
+
+
+class InboxMessage(SQLModel, table=True):
+    """An in-app message published to a device's inbox."""
+
+    __table_args__ = (Index("ix_inbox_device", "app_id", "device_id", "published_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    app_id: str = Field(max_length=200)
+    device_id: str = Field(max_length=200)
+    user_id: str = Field(max_length=200)
+    request_id: str = Field(max_length=64)
+    campaign_id: str = Field(max_length=64)
+    title: str = Field(sa_column=Column(Text, nullable=False))
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    published_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class QuotaUsage(SQLModel, table=True):
+    """Request-quota units an organisation used in one period (``2026-11`` or ``2026-11-22``)."""
+
+    org_id: int = Field(foreign_key="organisation.id", primary_key=True)
+    period: str = Field(primary_key=True, max_length=16)
+    used: int = Field(default=0, ge=0)
+
+
+class RevokedToken(SQLModel, table=True):
+    """A signed-out token id, kept until the token would have expired anyway."""
+
+    jti: str = Field(primary_key=True, max_length=64)
+    expires_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
