@@ -1,0 +1,62 @@
+"""File storage for uploads and reports: any fsspec URL (a local folder by default).
+
+Paths handed around are *keys* relative to the storage root, e.g.
+``uploads/<request_id>.csv`` and ``reports/<request_id>/<app_id>.csv``.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from campaign_trigger.config import Settings
+
+
+def upload_key(request_id: str) -> str:
+    return f"uploads/{request_id}.csv"
+
+
+def report_key(request_id: str, app_id: str) -> str:
+    return f"reports/{request_id}/{app_id}.csv"
+
+
+class Storage:
+    """Keys under one fsspec root."""
+
+    def __init__(self, url: str) -> None:
+        self.fs: fsspec.AbstractFileSystem
+        self.fs, self.root = url_to_fs(url)
+        self.root = self.root.rstrip("/")
+
+    def path(self, key: str) -> str:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"bad storage key {key!r}")
+        return f"{self.root}/{key}"
+
+    def open(self, key: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
+        path = self.path(key)
+        if "w" in mode or "a" in mode:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        return self.fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
+
+    def exists(self, key: str) -> bool:
+        return bool(self.fs.exists(self.path(key)))
+
+    def delete(self, key: str) -> None:
+        if self.fs.exists(self.path(key)):
+            self.fs.rm(self.path(key))
+
+    def size(self, key: str) -> int:
+        return int(self.fs.size(self.path(key)))
+
+    def local_path(self, key: str) -> str | None:
+        """A filesystem path when storage is local (fast paths such as pyarrow), else None."""
+        protocol = self.fs.protocol
+        protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+        return self.path(key) if "file" in protocols or "local" in protocols else None
+
+
+def get_storage(settings: Settings) -> Storage:
+    return Storage(settings.storage_url)
