@@ -1,0 +1,1 @@
+"""From accepted request to Prefect flow run: the outbox and its reconciler."""
