@@ -1,0 +1,120 @@
+"""Helpers for tests that run real processes: free ports, readiness waits, process groups.
+
+Importable from every test module (``pythonpath = ["tests"]``): ``from support import ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (never the stack's 4200/8000/8010)."""
+    while True:
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in (4200, 8000, 8010):
+            return port
+
+
+def wait_http(url: str, *, timeout: float = 60.0, process: ManagedProcess | None = None) -> None:
+    """Poll ``url`` until it answers 2xx; fail early if ``process`` died."""
+    deadline = time.monotonic() + timeout
+    last: str = ""
+    while time.monotonic() < deadline:
+        if process is not None and process.popen.poll() is not None:
+            raise RuntimeError(f"{process.name} exited early:\n{process.log_tail()}")
+        try:
+            response = httpx.get(url, timeout=2)
+            if response.status_code < 300:
+                return
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.2)
+    tail = process.log_tail() if process else ""
+    raise TimeoutError(f"{url} not ready after {timeout}s ({last})\n{tail}")
+
+
+class ManagedProcess:
+    """A child process in its own process group, logging to a file, killed as a group."""
+
+    def __init__(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 log_dir: Path, cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        self.cwd = cwd or REPO
+        self.popen = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        log = self.log_path.open("ab")
+        return subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the whole group and reap the leader."""
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            self.popen.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=5)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers."""
+        if self.popen.poll() is None:
+            self.kill(signal.SIGTERM)
+        self.kill(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.stop()
+        self.popen = self._spawn()
+
+
+
+def prefect_server_argv(port: int) -> list[str]:
+    return [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+            "--port", str(port)]
+
+
+def prefect_server_env(home: Path, port: int) -> dict[str, str]:
+    """Environment for a Prefect server (and its clients) with its own SQLite database."""
+    return {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
