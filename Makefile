@@ -1,0 +1,37 @@
+# Everything a newcomer needs: `make up` runs the stack, `make test` the whole suite.
+# Both create .venv (Python 3.11+) and install the locked dependencies when needed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: up test test-fast check lock bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ needed"'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "uv>=0.5"
+	$(BIN)/uv pip sync --quiet --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps -e .
+	@touch $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/campaign-trigger up
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow and not e2e"
+
+check: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+lock: $(STAMP)
+	$(BIN)/uv pip compile --quiet --python $(BIN)/python pyproject.toml --extra dev -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

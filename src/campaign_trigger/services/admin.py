@@ -1,0 +1,244 @@
+"""Tenant administration: organisations, accounts, apps, campaigns and devices.
+
+Used by ``campaign-trigger admin ...`` and by the demo seed. Every function either
+does all it says or raises :class:`AdminError` with a one-line reason and changes
+nothing (the caller's session is rolled back).
+"""
+
+from __future__ import annotations
+
+import csv
+import secrets
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from campaign_trigger.errors import AdminError, InvalidInput
+from campaign_trigger.services.passwords import hash_password
+from campaign_trigger.services.templates import template_variables
+from campaign_trigger.store.models import (
+    Account,
+    App,
+    Campaign,
+    CampaignApp,
+    CampaignState,
+    Channel,
+    Device,
+    Organisation,
+    Platform,
+    Role,
+    utcnow,
+)
+
+DEVICE_COLUMNS = ("device_id", "user_id", "push_token", "opted_in", "logged_in")
+_TRUE = {"true", "1", "yes", "y", "t"}
+_FALSE = {"false", "0", "no", "n", "f"}
+
+
+E = TypeVar("E", Role, Platform, Channel)
+
+
+def _choice(kind: type[E], value: str, what: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise AdminError(f"Unknown {what} {value!r}: expected one of {allowed}") from None
+
+
+def get_org(*, session: Session, name: str) -> Organisation:
+    org = session.exec(select(Organisation).where(Organisation.name == name)).first()
+    if org is None:
+        raise AdminError(f"Unknown organisation {name!r}")
+    return org
+
+
+def create_org(*, session: Session, name: str, quota: int) -> Organisation:
+    if not name.strip():
+        raise AdminError("Organisation name must not be empty")
+    if quota < 0:
+        raise AdminError("Quota must be zero or more")
+    if session.exec(select(Organisation).where(Organisation.name == name)).first():
+        raise AdminError(f"Organisation {name!r} already exists")
+    org = Organisation(name=name, request_quota=quota)
+    session.add(org)
+    session.flush()
+    return org
+
+
+def create_account(*, session: Session, org_name: str, email: str, password: str,
+                   role: str = "member") -> Account:
+    org = get_org(session=session, name=org_name)
+    checked_role = _choice(Role, role, "role")
+    email = email.strip().lower()
+    if "@" not in email or len(email) < 3:
+        raise AdminError(f"Invalid e-mail address {email!r}")
+    if len(password) < 8:
+        raise AdminError("Password must have at least 8 characters")
+    if session.exec(select(Account).where(Account.email == email)).first():
+        raise AdminError(f"An account with e-mail {email!r} already exists")
+    assert org.id is not None
+    account = Account(org_id=org.id, email=email, password_hash=hash_password(password),
+                      role=checked_role)
+    session.add(account)
+    session.flush()
+    return account
+
+
+def create_app(*, session: Session, org_name: str, app_id: str, platform: str) -> App:
+    org = get_org(session=session, name=org_name)
+    checked_platform = _choice(Platform, platform, "platform")
+    if not app_id.strip():
+        raise AdminError("App id must not be empty")
+    if session.exec(select(App).where(App.app_id == app_id)).first():
+        raise AdminError(f"App {app_id!r} already exists")
+    assert org.id is not None
+    app = App(app_id=app_id, org_id=org.id, platform=checked_platform,
+              sdk_key=f"sdk_{secrets.token_urlsafe(24)}")
+    session.add(app)
+    session.flush()
+    return app
+
+
+def create_campaign(*, session: Session, org_name: str, app_ids: Sequence[str], channel: str,
+                    title: str, body: str, campaign_id: str | None = None) -> Campaign:
+    """A draft API-trigger campaign; its variables are the ``{{ name }}`` of title and body."""
+    org = get_org(session=session, name=org_name)
+    checked_channel = _choice(Channel, channel, "channel")
+    if not app_ids:
+        raise AdminError("A campaign needs at least one --app-id")
+    apps = session.exec(select(App).where(col(App.app_id).in_(app_ids))).all()
+    found = {app.app_id for app in apps if app.org_id == org.id}
+    missing = [app_id for app_id in app_ids if app_id not in found]
+    if missing:
+        raise AdminError(f"Unknown app {missing[0]!r} in organisation {org_name!r}")
+    if not title.strip() and not body.strip():
+        raise AdminError("A campaign needs a title or a body")
+    try:
+        variables = template_variables(title, body)
+    except InvalidInput as exc:
+        raise AdminError(exc.message) from None
+    if campaign_id is not None:
+        if not campaign_id.strip():
+            raise AdminError("Campaign id must not be empty")
+        if session.get(Campaign, campaign_id) is not None:
+            raise AdminError(f"Campaign {campaign_id!r} already exists")
+    assert org.id is not None
+    campaign = Campaign(org_id=org.id, channel=checked_channel, title=title, body=body,
+                        variables=variables)
+    if campaign_id is not None:
+        campaign.id = campaign_id
+    session.add(campaign)
+    session.flush()
+    for app_id in dict.fromkeys(app_ids):
+        session.add(CampaignApp(campaign_id=campaign.id, app_id=app_id))
+    session.flush()
+    return campaign
+
+
+def _move_campaign(*, session: Session, campaign_id: str, from_state: CampaignState,
+                   to_state: CampaignState) -> Campaign:
+    campaign = session.get(Campaign, campaign_id)
+    if campaign is None:
+        raise AdminError(f"Unknown campaign {campaign_id!r}")
+    if campaign.state != from_state:
+        raise AdminError(
+            f"Campaign {campaign_id!r} is {campaign.state.value}: only a "
+            f"{from_state.value} campaign can become {to_state.value}"
+        )
+    campaign.state = to_state
+    session.add(campaign)
+    session.flush()
+    return campaign
+
+
+def launch_campaign(*, session: Session, campaign_id: str) -> Campaign:
+    """draft → started: the campaign accepts batches."""
+    return _move_campaign(session=session, campaign_id=campaign_id,
+                          from_state=CampaignState.draft, to_state=CampaignState.started)
+
+
+def end_campaign(*, session: Session, campaign_id: str) -> Campaign:
+    """started → ended: the campaign accepts no more batches."""
+    return _move_campaign(session=session, campaign_id=campaign_id,
+                          from_state=CampaignState.started, to_state=CampaignState.ended)
+
+
+def _bool(value: str, *, line: int, column: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise AdminError(f"Line {line}: {column} must be true or false, not {value!r}")
+
+
+def parse_device_rows(rows: Iterable[dict[str, str]]) -> list[dict[str, object]]:
+    """Check device CSV rows; the first bad one raises AdminError naming its line."""
+    parsed: list[dict[str, object]] = []
+    seen: set[str] = set()
+    for line, row in enumerate(rows, start=2):
+        device_id = (row.get("device_id") or "").strip()
+        if not device_id:
+            raise AdminError(f"Line {line}: device_id is empty")
+        if device_id in seen:
+            raise AdminError(f"Line {line}: device_id {device_id!r} appears twice")
+        seen.add(device_id)
+        if None in row.values() or None in row:
+            raise AdminError(f"Line {line}: wrong number of fields")
+        parsed.append({
+            "device_id": device_id,
+            "user_id": (row.get("user_id") or "").strip() or None,
+            "push_token": (row.get("push_token") or "").strip() or None,
+            "opted_in": _bool(row["opted_in"], line=line, column="opted_in"),
+            "logged_in": _bool(row["logged_in"], line=line, column="logged_in"),
+        })
+    return parsed
+
+
+def import_devices(*, session: Session, app_id: str, path: Path) -> int:
+    """Insert or update the devices of ``path`` (CSV) for an app; returns their number."""
+    app = session.exec(select(App).where(App.app_id == app_id)).first()
+    if app is None:
+        raise AdminError(f"Unknown app {app_id!r}")
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [name for name in DEVICE_COLUMNS if name not in (reader.fieldnames or [])]
+            if missing:
+                raise AdminError(f"Device file lacks column(s): {', '.join(missing)}")
+            rows = parse_device_rows(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise AdminError(f"Cannot read {path}: {exc}") from None
+    return upsert_devices(session=session, app_id=app_id, rows=rows)
+
+
+def upsert_devices(*, session: Session, app_id: str, rows: Sequence[dict[str, object]]) -> int:
+    existing = {
+        device.device_id: device
+        for device in session.exec(select(Device).where(Device.app_id == app_id)).all()
+    }
+    now = utcnow()
+    for row in rows:
+        device = existing.get(str(row["device_id"])) or Device(
+            app_id=app_id, device_id=str(row["device_id"])
+        )
+        if device.push_token != row["push_token"]:
+            device.unregistered_at = None
+        device.user_id = row["user_id"]  # type: ignore[assignment]
+        device.push_token = row["push_token"]  # type: ignore[assignment]
+        device.opted_in = bool(row["opted_in"])
+        device.logged_in = bool(row["logged_in"])
+        device.uninstalled_at = None
+        device.updated_at = now
+        session.add(device)
+    session.flush()
+    return len(rows)
+
+
+def count_devices(*, session: Session, app_id: str) -> int:
+    return int(session.exec(select(func.count()).select_from(Device)
+                            .where(Device.app_id == app_id)).one())

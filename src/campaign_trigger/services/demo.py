@@ -1,0 +1,87 @@
+"""The demo tenant that ``campaign-trigger up`` seeds: an org, a member account, an
+Android and an iOS app, a started push campaign and a few hundred devices whose
+tokens exercise every outcome of the sandbox provider.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sqlmodel import Session, select
+
+from campaign_trigger.services import admin
+from campaign_trigger.store.models import Organisation
+
+ORG = "demo"
+EMAIL = "demo@example.com"
+CAMPAIGN_ID = "demo-campaign"
+ANDROID_APP = "demo-android"
+IOS_APP = "demo-ios"
+USERS = 200
+
+
+@dataclass(frozen=True)
+class DemoTenant:
+    org: str
+    email: str
+    password: str
+    campaign_id: str
+    app_ids: tuple[str, ...]
+
+
+def _token(user_no: int, platform: str) -> str:
+    """Mostly good tokens; a few of each failure kind the sandbox knows."""
+    prefix = {7: "unregistered-", 11: "expired-", 13: "invalid-", 17: "flaky-", 19: "fail-"}
+    for divisor, kind in prefix.items():
+        if user_no % divisor == 0 and user_no % 2 == (0 if platform == "android" else 1):
+            return f"{kind}{platform}-{user_no}"
+    return f"{platform}-{secrets.token_hex(8)}"
+
+
+def _device_rows(platform: str) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for user_no in range(1, USERS + 1):
+        if user_no % 23 == 0:
+            continue  # "No device for user"
+        rows.append({
+            "device_id": f"{platform}-device-{user_no}",
+            "user_id": f"user-{user_no}",
+            "push_token": _token(user_no, platform),
+            "opted_in": user_no % 29 != 0,
+            "logged_in": user_no % 31 != 0,
+        })
+    return rows
+
+
+def seed(*, session: Session, home: Path) -> DemoTenant:
+    """Create the demo tenant once; later calls return the stored credentials."""
+    credentials = home / "demo.json"
+    if session.exec(select(Organisation).where(Organisation.name == ORG)).first():
+        if credentials.exists():
+            return DemoTenant(**{**json.loads(credentials.read_text()),
+                                 "app_ids": (ANDROID_APP, IOS_APP)})
+    password = secrets.token_urlsafe(12)
+    admin.create_org(session=session, name=ORG, quota=100_000)
+    admin.create_account(session=session, org_name=ORG, email=EMAIL, password=password,
+                         role="member")
+    for app_id, platform in ((ANDROID_APP, "android"), (IOS_APP, "ios")):
+        admin.create_app(session=session, org_name=ORG, app_id=app_id, platform=platform)
+        admin.upsert_devices(session=session, app_id=app_id, rows=_device_rows(platform))
+    admin.create_campaign(
+        session=session, org_name=ORG, app_ids=[ANDROID_APP, IOS_APP], channel="push",
+        title="Hello {{ first_name }}", body="Your order {{ order_id }} ships today.",
+        campaign_id=CAMPAIGN_ID,
+    )
+    admin.launch_campaign(session=session, campaign_id=CAMPAIGN_ID)
+    tenant = DemoTenant(org=ORG, email=EMAIL, password=password, campaign_id=CAMPAIGN_ID,
+                        app_ids=(ANDROID_APP, IOS_APP))
+    home.mkdir(parents=True, exist_ok=True)
+    body = {key: value for key, value in asdict(tenant).items() if key != "app_ids"}
+    credentials.write_text(json.dumps(body, indent=2))
+    credentials.chmod(0o600)
+    (home / "demo-password").write_text(password)
+    (home / "demo-password").chmod(0o600)
+    return tenant

@@ -1,0 +1,197 @@
+"""``campaign-trigger up``: the embedded stack on one machine, as child processes.
+
+Order: migrate → seed the demo → Prefect server (unless PREFECT_API_URL names one)
+→ sandbox providers → API → delivery worker. Each child runs in its own process
+group and dies with us (PR_SET_PDEATHSIG); Ctrl-C or SIGTERM stops them all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from campaign_trigger.config import Settings
+from campaign_trigger.errors import CampaignTriggerError
+
+_PR_SET_PDEATHSIG = 1
+
+
+class StackError(CampaignTriggerError):
+    """The stack cannot start (a port in use, a child that died)."""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def check_port_free(host: str, port: int, what: str, setting: str) -> None:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise StackError(
+                f"Port {port} on {host} is already in use, so the {what} cannot start: "
+                f"stop whatever listens there, or set {setting} to another port."
+            ) from None
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    ready_url: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def start(self, *, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.name}.log"
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.argv, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # whatever the leader left behind in its group
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_ready(child: Child, *, timeout: float, say: Callable[[str], None]) -> None:
+    if child.ready_url is None:
+        return
+    deadline = time.monotonic() + timeout
+    next_note = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise StackError(f"The {child.name} exited while starting:\n{child.log_tail()}")
+        try:
+            if httpx.get(child.ready_url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > next_note:
+            say(f"  … still waiting for the {child.name}")
+            next_note = time.monotonic() + 5
+        time.sleep(0.3)
+    raise StackError(f"The {child.name} did not answer {child.ready_url} in {timeout:.0f}s:\n"
+                     f"{child.log_tail()}")
+
+
+def prefect_env(settings: Settings) -> dict[str, str]:
+    """Where the embedded Prefect server keeps its data, and how everyone reaches it."""
+    home = (settings.home / "prefect").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    api = f"http://127.0.0.1:{settings.prefect_port}/api"
+    return {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api,
+        "PREFECT_UI_API_URL": api,
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+
+
+def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
+    """The children to start, in order, and the environment they share."""
+    exe = [sys.executable, "-m", "campaign_trigger.cli"]
+    external = os.environ.get("PREFECT_API_URL")
+    shared: dict[str, str] = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    children: list[Child] = []
+    if external:
+        shared["PREFECT_API_URL"] = external
+    else:
+        check_port_free("127.0.0.1", settings.prefect_port, "Prefect server", "CT_PREFECT_PORT")
+        shared.update(prefect_env(settings))
+        prefect = str(Path(sys.executable).with_name("prefect"))
+        children.append(Child(
+            "Prefect server",
+            [prefect, "server", "start", "--host", "127.0.0.1", "--port",
+             str(settings.prefect_port)],
+            f"http://127.0.0.1:{settings.prefect_port}/api/health",
+        ))
+    check_port_free(settings.sandbox_host, settings.sandbox_port, "sandbox provider",
+                    "CT_SANDBOX_PORT")
+    check_port_free(settings.api_host, settings.api_port, "API", "CT_API_PORT")
+    children += [
+        Child("sandbox provider", [*exe, "sandbox"],
+              f"http://{settings.sandbox_host}:{settings.sandbox_port}/sandbox/stats"),
+        Child("API", [*exe, "api"], f"http://{settings.api_host}:{settings.api_port}/health"),
+        Child("delivery worker", [*exe, "worker"], None),
+    ]
+    return children, shared
+
+
+def run(children: list[Child], shared_env: dict[str, str], *, log_dir: Path,
+        say: Callable[[str], None], on_ready: Callable[[], None]) -> int:
+    """Start the children, then watch them until a signal or a death; stop them all."""
+    stopping = False
+
+    def _stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    os.environ.update(shared_env)
+    try:
+        for child in children:
+            if stopping:
+                return 130
+            say(f"Starting the {child.name} …")
+            child.start(log_dir=log_dir)
+            wait_ready(child, timeout=120, say=say)
+        on_ready()
+        while not stopping:
+            for child in children:
+                if not child.alive():
+                    say(f"The {child.name} stopped unexpectedly:\n{child.log_tail()}")
+                    return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        say("Stopping …")
+        for child in reversed(children):
+            child.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        say("Stopped.")
