@@ -56,10 +56,10 @@ class ManagedProcess:
     """A child process in its own process group, logging to a file, killed as a group."""
 
     def __init__(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 log_dir: Path, cwd: Path | None = None) -> None:
+                 log_dir: Path, cwd: Path | None = None, inherit_env: bool = True) -> None:
         self.name = name
         self.argv = list(argv)
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**(os.environ if inherit_env else {}), **(env or {})}
         self.log_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
         self.cwd = cwd or REPO
         self.popen = self._spawn()
