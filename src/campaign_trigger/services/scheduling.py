@@ -1,1 +1,135 @@
-"""From accepted request to Prefect flow run: the outbox and its reconciler."""
+"""From accepted request to Prefect flow run: the outbox and its reconciler.
+
+``create_request`` persists a request first (``flow_run_id`` NULL: the request is in
+the outbox), answers the client, and calls :func:`notify_new_request`, which only
+wakes the drainer of this process. :func:`drain_outbox` creates the flow runs with
+the server's bulk route (idempotency key = request id, so nothing is ever scheduled
+twice) and stores ``Request.flow_run_id``. :func:`run_reconciler` loops it: woken by
+notifications, and every ``interval`` seconds anyway, so a request accepted while
+Prefect was down is scheduled once Prefect is back, by whichever process runs a
+reconciler (the API, ``campaign-trigger up``, every worker).
+
+A request cancelled while still in the outbox is cancelled in the database only
+(``lifecycle.cancel_request``); if the drainer created its run in the meantime, the
+drainer cancels that run right away, and the flow itself refuses a cancelled request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from prefect import get_client
+from sqlalchemy import update
+from sqlmodel import col, select
+
+from campaign_trigger.services import prefect_runs
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import Request, RequestState
+
+logger = logging.getLogger(__name__)
+
+_wake_lock = threading.Lock()
+_wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+
+def notify_new_request(request_id: str) -> None:
+    """Wake this process's outbox drainers (non-blocking, thread-safe, never raises)."""
+    with _wake_lock:
+        wakers = list(_wakers)
+    for loop, event in wakers:
+        try:
+            loop.call_soon_threadsafe(event.set)
+        except RuntimeError:  # that loop is closed: its reconciler is gone
+            continue
+    logger.debug("outbox notified (%d drainers)", len(wakers))
+
+
+def _outbox_batch(limit: int) -> list[prefect_runs.RunToCreate]:
+    with session_scope() as session:
+        rows = session.exec(
+            select(Request)
+            .where(col(Request.flow_run_id).is_(None))
+            .where(Request.state == RequestState.scheduled)
+            .order_by(col(Request.send_at))
+            .limit(limit)
+        ).all()
+        return [
+            prefect_runs.RunToCreate(
+                request_id=row.id, campaign_id=row.campaign_id, org_id=row.org_id,
+                send_at=row.send_at,
+            )
+            for row in rows
+        ]
+
+
+def _record_flow_runs(created: dict[str, str]) -> list[str]:
+    """Store the run ids; returns the flow run ids of requests cancelled meanwhile."""
+    cancelled: list[str] = []
+    with session_scope() as session:
+        for request_id, flow_run_id in created.items():
+            session.execute(
+                update(Request)
+                .where(col(Request.id) == request_id)
+                .where(col(Request.flow_run_id).is_(None))
+                .values(flow_run_id=flow_run_id)
+            )
+        states = session.exec(
+            select(Request.id, Request.state).where(col(Request.id).in_(list(created)))
+        ).all()
+        cancelled = [created[rid] for rid, state in states if state == RequestState.canceled]
+    return cancelled
+
+
+async def drain_outbox(*, batch_size: int = 500) -> int:
+    """Create the flow runs of the requests in the outbox; returns how many were created.
+
+    Raises whatever the Prefect client raises when the server cannot be reached; the
+    requests then simply stay in the outbox.
+    """
+    total = 0
+    async with get_client() as client:
+        while True:
+            batch = await asyncio.to_thread(_outbox_batch, batch_size)
+            if not batch:
+                return total
+            created = await prefect_runs.create_runs(client, batch)
+            cancelled = await asyncio.to_thread(_record_flow_runs, created)
+            for flow_run_id in cancelled:
+                await prefect_runs.cancel_if_scheduled(client, flow_run_id)
+            total += len(created)
+            logger.info("outbox: %d flow runs created", len(created))
+            if len(created) < len(batch) or len(batch) < batch_size:
+                return total
+
+
+async def run_reconciler(*, stop: asyncio.Event | None = None, interval: float = 1.0) -> None:
+    """Drain the outbox when notified, and every ``interval`` seconds, until ``stop``."""
+    stop = stop or asyncio.Event()
+    wake = asyncio.Event()
+    entry = (asyncio.get_running_loop(), wake)
+    with _wake_lock:
+        _wakers.append(entry)
+    failures = 0
+    try:
+        while not stop.is_set():
+            wake.clear()
+            try:
+                await drain_outbox()
+                failures = 0
+            except Exception as exc:  # Prefect down, database busy: try again later
+                failures += 1
+                prefect_runs.forget_deployment_id()
+                if failures in (1, 10) or failures % 100 == 0:
+                    logger.warning("outbox drain failed (%d times): %r", failures, exc)
+            delay = interval if failures == 0 else min(interval * 2**failures, 10.0)
+            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+            _done, pending = await asyncio.wait(
+                waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in pending:
+                waiter.cancel()
+    finally:
+        with _wake_lock:
+            _wakers.remove(entry)

@@ -1,0 +1,204 @@
+"""The few Prefect API calls the service makes about ``deliver-request`` flow runs.
+
+Everything that talks to the Prefect server about our runs lives here, so the
+scheduling, lifecycle and worker modules read as use cases. The run of a request
+is found by its id (``Request.flow_run_id``); runs are created with the request
+id as name and idempotency key, so a repeated create returns the same run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterId,
+    FlowRunFilterNextScheduledStartTime,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    FlowRunFilterTags,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.responses import OrchestrationResult, SetStateStatus
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Cancelled, Pending
+
+logger = logging.getLogger(__name__)
+
+FLOW_NAME = "deliver-request"
+DEPLOYMENT_NAME = "default"
+DEPLOYMENT_FULL_NAME = f"{FLOW_NAME}/{DEPLOYMENT_NAME}"
+BULK_LIMIT = 100  # the server's BULK_CREATE_LIMIT for create_flow_run/bulk
+PAGE_LIMIT = 200  # the server's largest page of flow runs
+
+CANCEL_CLAIM_MESSAGE = "campaign-trigger: claimed to cancel"
+WORKER_CLAIM_PREFIX = "campaign-trigger worker "
+
+_deployment_ids: dict[str, UUID] = {}
+
+
+@dataclass(frozen=True)
+class RunToCreate:
+    """What a request's flow run is made of."""
+
+    request_id: str
+    campaign_id: str
+    org_id: int
+    send_at: datetime
+
+
+async def deployment_id(client: PrefectClient) -> UUID:
+    """The id of ``deliver-request/default`` on the current server (cached per API URL)."""
+    api_url = str(PREFECT_API_URL.value())
+    cached = _deployment_ids.get(api_url)
+    if cached is None:
+        deployment = await client.read_deployment_by_name(DEPLOYMENT_FULL_NAME)
+        cached = _deployment_ids[api_url] = deployment.id
+    return cached
+
+
+def forget_deployment_id() -> None:
+    """Drop the cached id (after a server was replaced, or a 404)."""
+    _deployment_ids.clear()
+
+
+def run_tags(*, campaign_id: str, org_id: int) -> list[str]:
+    return [f"campaign:{campaign_id}", f"org:{org_id}"]
+
+
+async def create_runs(client: PrefectClient, runs: Sequence[RunToCreate]) -> dict[str, str]:
+    """Create (or find, by idempotency key) the flow runs; request id -> flow run id.
+
+    Uses the server's bulk route, at most ``BULK_LIMIT`` runs per call. Requests whose
+    run could not be created are missing from the answer (they stay in the outbox).
+    """
+    created: dict[str, str] = {}
+    dep_id = await deployment_id(client)
+    for start in range(0, len(runs), BULK_LIMIT):
+        batch = runs[start : start + BULK_LIMIT]
+        body = [
+            {
+                "name": run.request_id,
+                "parameters": {"request_id": run.request_id},
+                "state": {
+                    "type": "SCHEDULED",
+                    "name": "Scheduled",
+                    "state_details": {"scheduled_time": run.send_at.isoformat()},
+                },
+                "tags": run_tags(campaign_id=run.campaign_id, org_id=run.org_id),
+                "idempotency_key": run.request_id,
+            }
+            for run in batch
+        ]
+        response = await client.request(
+            "POST",
+            "/deployments/{id}/create_flow_run/bulk",  # type: ignore[arg-type]
+            path_params={"id": dep_id},
+            json=body,
+        )
+        results: list[dict[str, Any]] = response.json()["results"]
+        for run, result in zip(batch, results, strict=True):
+            if result.get("status") == "CREATED" and result.get("flow_run_id"):
+                created[run.request_id] = str(result["flow_run_id"])
+            else:
+                logger.warning("flow run not created for a request: %s", result.get("error"))
+    return created
+
+
+async def read_run(client: PrefectClient, flow_run_id: str) -> FlowRun:
+    return await client.read_flow_run(UUID(flow_run_id))
+
+
+async def claim(client: PrefectClient, flow_run_id: UUID | str, *, message: str) -> bool:
+    """Scheduled -> Pending, refused by the server if someone else claimed it first."""
+    result: OrchestrationResult[Any] = await client.set_flow_run_state(
+        flow_run_id, Pending(message=message)
+    )
+    return result.status == SetStateStatus.ACCEPT
+
+
+async def cancel_claimed(client: PrefectClient, flow_run_id: UUID | str, *, message: str) -> None:
+    """Pending (claimed by us) -> Cancelled."""
+    result: OrchestrationResult[Any] = await client.set_flow_run_state(
+        flow_run_id, Cancelled(message=message)
+    )
+    if result.status != SetStateStatus.ACCEPT:
+        await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+
+
+async def cancel_if_scheduled(client: PrefectClient, flow_run_id: UUID | str) -> bool:
+    """The race-free cancel of prefect-facts.md: claim, then cancel. False if it started."""
+    run = await client.read_flow_run(UUID(str(flow_run_id)))
+    state = run.state
+    if state is None:
+        return False
+    if state.type in (StateType.CANCELLED, StateType.CANCELLING):
+        return True
+    if state.type == StateType.PENDING and state.message == CANCEL_CLAIM_MESSAGE:
+        await cancel_claimed(client, flow_run_id, message="Cancelled by campaign-trigger")
+        return True
+    if state.type != StateType.SCHEDULED:
+        return False
+    if not await claim(client, flow_run_id, message=CANCEL_CLAIM_MESSAGE):
+        return False
+    await cancel_claimed(client, flow_run_id, message="Cancelled by campaign-trigger")
+    return True
+
+
+def scheduled_filter(*, dep_id: UUID, tags: list[str] | None = None,
+                     due_before: datetime | None = None) -> FlowRunFilter:
+    return FlowRunFilter(
+        deployment_id=FlowRunFilterDeploymentId(any_=[dep_id]),
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
+        tags=FlowRunFilterTags(all_=tags) if tags else None,
+        next_scheduled_start_time=(
+            FlowRunFilterNextScheduledStartTime(before_=due_before) if due_before else None
+        ),
+    )
+
+
+async def scheduled_run_ids(client: PrefectClient, *, tags: list[str]) -> set[str]:
+    """Ids of every Scheduled deliver-request run carrying all ``tags``."""
+    dep_id = await deployment_id(client)
+    found: set[str] = set()
+    offset = 0
+    while True:
+        page = await client.read_flow_runs(
+            flow_run_filter=scheduled_filter(dep_id=dep_id, tags=tags),
+            sort=FlowRunSort.ID_DESC, limit=PAGE_LIMIT, offset=offset,
+        )
+        found.update(str(run.id) for run in page)
+        if len(page) < PAGE_LIMIT:
+            return found
+        offset += PAGE_LIMIT
+
+
+async def due_runs(client: PrefectClient, *, before: datetime, limit: int) -> list[FlowRun]:
+    """Scheduled deliver-request runs due before ``before``, earliest first."""
+    dep_id = await deployment_id(client)
+    return await client.read_flow_runs(
+        flow_run_filter=scheduled_filter(dep_id=dep_id, due_before=before),
+        sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit,
+    )
+
+
+async def runs_in_states(client: PrefectClient, *, states: list[StateType],
+                         ids: list[UUID] | None = None) -> list[FlowRun]:
+    """deliver-request runs in ``states`` (e.g. Pending/Running, to find orphans)."""
+    dep_id = await deployment_id(client)
+    return await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            deployment_id=FlowRunFilterDeploymentId(any_=[dep_id]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states)),
+            id=FlowRunFilterId(any_=ids) if ids else None,
+        ),
+        limit=PAGE_LIMIT,
+    )
