@@ -32,8 +32,11 @@ PREFECT_HOME.mkdir()
 os.environ.update(prefect_server_env(PREFECT_HOME, PREFECT_PORT))
 os.environ["CT_HOME"] = str(SESSION_DIR / "ct")
 os.environ["CT_SECRET_KEY"] = uuid.uuid4().hex
-for name in [key for key in os.environ if key.startswith("CT_") and key not in
-             ("CT_HOME", "CT_SECRET_KEY", "CT_TEST_POSTGRES_URL")]:
+for name in [
+    key
+    for key in os.environ
+    if key.startswith("CT_") and key not in ("CT_HOME", "CT_SECRET_KEY", "CT_TEST_POSTGRES_URL")
+]:
     del os.environ[name]
 
 
@@ -83,8 +86,10 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
-        pytest.skip(f"!!! NO POSTGRESQL at {base} ({exc.__class__.__name__}): "
-                    "PostgreSQL tests SKIPPED; set CT_TEST_POSTGRES_URL !!!")
+        pytest.skip(
+            f"!!! NO POSTGRESQL at {base} ({exc.__class__.__name__}): "
+            "PostgreSQL tests SKIPPED; set CT_TEST_POSTGRES_URL !!!"
+        )
     url = sa.engine.make_url(normalise_url(base)).set(database=name)
     try:
         yield url.render_as_string(hide_password=False)

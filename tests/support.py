@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 
 import httpx
@@ -55,8 +55,16 @@ def wait_http(url: str, *, timeout: float = 60.0, process: ManagedProcess | None
 class ManagedProcess:
     """A child process in its own process group, logging to a file, killed as a group."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 log_dir: Path, cwd: Path | None = None, inherit_env: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log_dir: Path,
+        cwd: Path | None = None,
+        inherit_env: bool = True,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.env = {**(os.environ if inherit_env else {}), **(env or {})}
@@ -66,8 +74,14 @@ class ManagedProcess:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         log = self.log_path.open("ab")
-        return subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -81,10 +95,8 @@ class ManagedProcess:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the whole group and reap the leader."""
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
         try:
             self.popen.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -102,10 +114,16 @@ class ManagedProcess:
         self.popen = self._spawn()
 
 
-
 def prefect_server_argv(port: int) -> list[str]:
-    return [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-            "--port", str(port)]
+    return [
+        str(VENV_BIN / "prefect"),
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
 
 
 def prefect_server_env(home: Path, port: int) -> dict[str, str]:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
@@ -17,10 +16,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-app = typer.Typer(help="Campaign-trigger: API-trigger campaigns of push and in-app messages.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-admin_app = typer.Typer(help="Administer tenants: organisations, accounts, apps, campaigns, "
-                        "devices.", no_args_is_help=True)
+app = typer.Typer(
+    help="Campaign-trigger: API-trigger campaigns of push and in-app messages.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+admin_app = typer.Typer(
+    help="Administer tenants: organisations, accounts, apps, campaigns, devices.",
+    no_args_is_help=True,
+)
 app.add_typer(admin_app, name="admin")
 
 
@@ -79,8 +84,11 @@ def admin_create_account(
     """Create an account that signs in to the API."""
     from campaign_trigger.services import admin
 
-    account = _in_session(lambda s: admin.create_account(
-        session=s, org_name=org, email=email, password=password, role=role))
+    account = _in_session(
+        lambda s: admin.create_account(
+            session=s, org_name=org, email=email, password=password, role=role
+        )
+    )
     _say(f"Created account {account.email} ({account.role.value}) in {org}.")
 
 
@@ -93,8 +101,9 @@ def admin_create_app(
     """Create an app; prints its SDK key for device registration."""
     from campaign_trigger.services import admin
 
-    created = _in_session(lambda s: admin.create_app(
-        session=s, org_name=org, app_id=app_id, platform=platform))
+    created = _in_session(
+        lambda s: admin.create_app(session=s, org_name=org, app_id=app_id, platform=platform)
+    )
     _say(f"Created {created.platform.value} app {created.app_id}; SDK key {created.sdk_key}")
 
 
@@ -110,9 +119,17 @@ def admin_create_campaign(
     """Create a draft API-trigger campaign; prints its id last."""
     from campaign_trigger.services import admin
 
-    campaign = _in_session(lambda s: admin.create_campaign(
-        session=s, org_name=org, app_ids=app_id, channel=channel, title=title, body=body,
-        campaign_id=campaign_id))
+    campaign = _in_session(
+        lambda s: admin.create_campaign(
+            session=s,
+            org_name=org,
+            app_ids=app_id,
+            channel=channel,
+            title=title,
+            body=body,
+            campaign_id=campaign_id,
+        )
+    )
     variables = ", ".join(campaign.variables) or "none"
     _say(f"Created draft campaign (variables: {variables}): {campaign.id}")
 
@@ -137,8 +154,9 @@ def admin_end_campaign(campaign_id: str) -> None:
 
 @admin_app.command("import-devices")
 def admin_import_devices(
-    file: Annotated[Path, typer.Argument(help="CSV: device_id,user_id,push_token,opted_in,"
-                                         "logged_in")],
+    file: Annotated[
+        Path, typer.Argument(help="CSV: device_id,user_id,push_token,opted_in,logged_in")
+    ],
     app_id: Annotated[str, typer.Option("--app-id")],
 ) -> None:
     """Insert or update an app's devices from a CSV file."""
@@ -149,8 +167,9 @@ def admin_import_devices(
 
 
 @app.command()
-def up(no_demo: Annotated[bool, typer.Option("--no-demo", help="Do not seed the demo.")] = False
-       ) -> None:
+def up(
+    no_demo: Annotated[bool, typer.Option("--no-demo", help="Do not seed the demo.")] = False,
+) -> None:
     """Run the whole stack on this machine until Ctrl-C."""
     from campaign_trigger import stack
 
@@ -172,21 +191,32 @@ def up(no_demo: Annotated[bool, typer.Option("--no-demo", help="Do not seed the 
 
     def on_ready() -> None:
         api = f"http://{settings.api_host}:{settings.api_port}"
-        lines = ["", "campaign-trigger is up.",
-                 f"  API           {api}  (OpenAPI: {api}/docs)",
-                 f"  Prefect UI    {shared_env['PREFECT_API_URL'].removesuffix('/api')}",
-                 f"  Sandbox       http://{settings.sandbox_host}:{settings.sandbox_port}"]
+        lines = [
+            "",
+            "campaign-trigger is up.",
+            f"  API           {api}  (OpenAPI: {api}/docs)",
+            f"  Prefect UI    {shared_env['PREFECT_API_URL'].removesuffix('/api')}",
+            f"  Sandbox       http://{settings.sandbox_host}:{settings.sandbox_port}",
+        ]
         if tenant is not None:
-            lines += ["", "Demo tenant:",
-                      f"  e-mail        {tenant.email}",
-                      f"  password      {tenant.password}",
-                      f"  campaign id   {tenant.campaign_id}  (variables first_name, order_id)"]
+            lines += [
+                "",
+                "Demo tenant:",
+                f"  e-mail        {tenant.email}",
+                f"  password      {tenant.password}",
+                f"  campaign id   {tenant.campaign_id}  (variables first_name, order_id)",
+            ]
         lines += ["", "Press Ctrl-C to stop."]
         _say("\n".join(lines))
 
     try:
-        code = stack.run(children, shared_env, log_dir=settings.home.resolve() / "logs",
-                         say=_say, on_ready=on_ready)
+        code = stack.run(
+            children,
+            shared_env,
+            log_dir=settings.home.resolve() / "logs",
+            say=_say,
+            on_ready=on_ready,
+        )
     except CampaignTriggerError as exc:
         _fail(exc.message)
     raise typer.Exit(code)
@@ -198,13 +228,20 @@ def api() -> None:
     import uvicorn
 
     settings = get_settings()
-    uvicorn.run("campaign_trigger.api.app:create_app", factory=True, host=settings.api_host,
-                port=settings.api_port, log_level="info", access_log=False)
+    uvicorn.run(
+        "campaign_trigger.api.app:create_app",
+        factory=True,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="info",
+        access_log=False,
+    )
 
 
 @app.command()
-def sandbox(latency_ms: Annotated[float, typer.Option(help="Added to every answer.")] = 0.0
-            ) -> None:
+def sandbox(
+    latency_ms: Annotated[float, typer.Option(help="Added to every answer.")] = 0.0,
+) -> None:
     """Run the sandbox push providers (FCM and APNs stand-ins) alone."""
     from campaign_trigger.delivery.sandbox import serve
 
@@ -225,4 +262,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +66,10 @@ class Child:
         self.log_path = log_dir / f"{self.name}.log"
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            self.argv, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            self.argv,
+            env={**os.environ, **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
         )
 
@@ -91,10 +94,8 @@ class Child:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        try:  # whatever the leader left behind in its group
+        with suppress(ProcessLookupError):  # whatever the leader left behind in its group
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def wait_ready(child: Child, *, timeout: float, say: Callable[[str], None]) -> None:
@@ -114,8 +115,9 @@ def wait_ready(child: Child, *, timeout: float, say: Callable[[str], None]) -> N
             say(f"  … still waiting for the {child.name}")
             next_note = time.monotonic() + 5
         time.sleep(0.3)
-    raise StackError(f"The {child.name} did not answer {child.ready_url} in {timeout:.0f}s:\n"
-                     f"{child.log_tail()}")
+    raise StackError(
+        f"The {child.name} did not answer {child.ready_url} in {timeout:.0f}s:\n{child.log_tail()}"
+    )
 
 
 def prefect_env(settings: Settings) -> dict[str, str]:
@@ -144,26 +146,45 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
         check_port_free("127.0.0.1", settings.prefect_port, "Prefect server", "CT_PREFECT_PORT")
         shared.update(prefect_env(settings))
         prefect = str(Path(sys.executable).with_name("prefect"))
-        children.append(Child(
-            "Prefect server",
-            [prefect, "server", "start", "--host", "127.0.0.1", "--port",
-             str(settings.prefect_port)],
-            f"http://127.0.0.1:{settings.prefect_port}/api/health",
-        ))
-    check_port_free(settings.sandbox_host, settings.sandbox_port, "sandbox provider",
-                    "CT_SANDBOX_PORT")
+        children.append(
+            Child(
+                "Prefect server",
+                [
+                    prefect,
+                    "server",
+                    "start",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(settings.prefect_port),
+                ],
+                f"http://127.0.0.1:{settings.prefect_port}/api/health",
+            )
+        )
+    check_port_free(
+        settings.sandbox_host, settings.sandbox_port, "sandbox provider", "CT_SANDBOX_PORT"
+    )
     check_port_free(settings.api_host, settings.api_port, "API", "CT_API_PORT")
     children += [
-        Child("sandbox provider", [*exe, "sandbox"],
-              f"http://{settings.sandbox_host}:{settings.sandbox_port}/sandbox/stats"),
+        Child(
+            "sandbox provider",
+            [*exe, "sandbox"],
+            f"http://{settings.sandbox_host}:{settings.sandbox_port}/sandbox/stats",
+        ),
         Child("API", [*exe, "api"], f"http://{settings.api_host}:{settings.api_port}/health"),
         Child("delivery worker", [*exe, "worker"], None),
     ]
     return children, shared
 
 
-def run(children: list[Child], shared_env: dict[str, str], *, log_dir: Path,
-        say: Callable[[str], None], on_ready: Callable[[], None]) -> int:
+def run(
+    children: list[Child],
+    shared_env: dict[str, str],
+    *,
+    log_dir: Path,
+    say: Callable[[str], None],
+    on_ready: Callable[[], None],
+) -> int:
     """Start the children, then watch them until a signal or a death; stop them all."""
     stopping = False
 

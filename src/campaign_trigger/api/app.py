@@ -43,7 +43,7 @@ def create_app() -> FastAPI:
         title="campaign-trigger",
         version=__version__,
         description="Send batches of transactional push and in-app messages through "
-        "API-trigger campaigns. Every non-200 answer is `{\"error_message\": \"...\"}`.",
+        'API-trigger campaigns. Every non-200 answer is `{"error_message": "..."}`.',
     )
     install_error_handlers(app)
 

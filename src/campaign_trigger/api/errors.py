@@ -14,8 +14,9 @@ from campaign_trigger.errors import CampaignTriggerError, QuotaExceeded
 log = logging.getLogger(__name__)
 
 
-def error_response(status_code: int, message: str, headers: dict[str, str] | None = None
-                   ) -> JSONResponse:
+def error_response(
+    status_code: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse({"error_message": message}, status_code=status_code, headers=headers)
 
 

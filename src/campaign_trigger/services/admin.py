@@ -69,8 +69,9 @@ def create_org(*, session: Session, name: str, quota: int) -> Organisation:
     return org
 
 
-def create_account(*, session: Session, org_name: str, email: str, password: str,
-                   role: str = "member") -> Account:
+def create_account(
+    *, session: Session, org_name: str, email: str, password: str, role: str = "member"
+) -> Account:
     org = get_org(session=session, name=org_name)
     checked_role = _choice(Role, role, "role")
     email = email.strip().lower()
@@ -81,8 +82,9 @@ def create_account(*, session: Session, org_name: str, email: str, password: str
     if session.exec(select(Account).where(Account.email == email)).first():
         raise AdminError(f"An account with e-mail {email!r} already exists")
     assert org.id is not None
-    account = Account(org_id=org.id, email=email, password_hash=hash_password(password),
-                      role=checked_role)
+    account = Account(
+        org_id=org.id, email=email, password_hash=hash_password(password), role=checked_role
+    )
     session.add(account)
     session.flush()
     return account
@@ -96,15 +98,27 @@ def create_app(*, session: Session, org_name: str, app_id: str, platform: str) -
     if session.exec(select(App).where(App.app_id == app_id)).first():
         raise AdminError(f"App {app_id!r} already exists")
     assert org.id is not None
-    app = App(app_id=app_id, org_id=org.id, platform=checked_platform,
-              sdk_key=f"sdk_{secrets.token_urlsafe(24)}")
+    app = App(
+        app_id=app_id,
+        org_id=org.id,
+        platform=checked_platform,
+        sdk_key=f"sdk_{secrets.token_urlsafe(24)}",
+    )
     session.add(app)
     session.flush()
     return app
 
 
-def create_campaign(*, session: Session, org_name: str, app_ids: Sequence[str], channel: str,
-                    title: str, body: str, campaign_id: str | None = None) -> Campaign:
+def create_campaign(
+    *,
+    session: Session,
+    org_name: str,
+    app_ids: Sequence[str],
+    channel: str,
+    title: str,
+    body: str,
+    campaign_id: str | None = None,
+) -> Campaign:
     """A draft API-trigger campaign; its variables are the ``{{ name }}`` of title and body."""
     org = get_org(session=session, name=org_name)
     checked_channel = _choice(Channel, channel, "channel")
@@ -127,8 +141,9 @@ def create_campaign(*, session: Session, org_name: str, app_ids: Sequence[str], 
         if session.get(Campaign, campaign_id) is not None:
             raise AdminError(f"Campaign {campaign_id!r} already exists")
     assert org.id is not None
-    campaign = Campaign(org_id=org.id, channel=checked_channel, title=title, body=body,
-                        variables=variables)
+    campaign = Campaign(
+        org_id=org.id, channel=checked_channel, title=title, body=body, variables=variables
+    )
     if campaign_id is not None:
         campaign.id = campaign_id
     session.add(campaign)
@@ -139,8 +154,9 @@ def create_campaign(*, session: Session, org_name: str, app_ids: Sequence[str], 
     return campaign
 
 
-def _move_campaign(*, session: Session, campaign_id: str, from_state: CampaignState,
-                   to_state: CampaignState) -> Campaign:
+def _move_campaign(
+    *, session: Session, campaign_id: str, from_state: CampaignState, to_state: CampaignState
+) -> Campaign:
     campaign = session.get(Campaign, campaign_id)
     if campaign is None:
         raise AdminError(f"Unknown campaign {campaign_id!r}")
@@ -157,14 +173,22 @@ def _move_campaign(*, session: Session, campaign_id: str, from_state: CampaignSt
 
 def launch_campaign(*, session: Session, campaign_id: str) -> Campaign:
     """draft → started: the campaign accepts batches."""
-    return _move_campaign(session=session, campaign_id=campaign_id,
-                          from_state=CampaignState.draft, to_state=CampaignState.started)
+    return _move_campaign(
+        session=session,
+        campaign_id=campaign_id,
+        from_state=CampaignState.draft,
+        to_state=CampaignState.started,
+    )
 
 
 def end_campaign(*, session: Session, campaign_id: str) -> Campaign:
     """started → ended: the campaign accepts no more batches."""
-    return _move_campaign(session=session, campaign_id=campaign_id,
-                          from_state=CampaignState.started, to_state=CampaignState.ended)
+    return _move_campaign(
+        session=session,
+        campaign_id=campaign_id,
+        from_state=CampaignState.started,
+        to_state=CampaignState.ended,
+    )
 
 
 def _bool(value: str, *, line: int, column: str) -> bool:
@@ -189,13 +213,15 @@ def parse_device_rows(rows: Iterable[dict[str, str]]) -> list[dict[str, object]]
         seen.add(device_id)
         if None in row.values() or None in row:
             raise AdminError(f"Line {line}: wrong number of fields")
-        parsed.append({
-            "device_id": device_id,
-            "user_id": (row.get("user_id") or "").strip() or None,
-            "push_token": (row.get("push_token") or "").strip() or None,
-            "opted_in": _bool(row["opted_in"], line=line, column="opted_in"),
-            "logged_in": _bool(row["logged_in"], line=line, column="logged_in"),
-        })
+        parsed.append(
+            {
+                "device_id": device_id,
+                "user_id": (row.get("user_id") or "").strip() or None,
+                "push_token": (row.get("push_token") or "").strip() or None,
+                "opted_in": _bool(row["opted_in"], line=line, column="opted_in"),
+                "logged_in": _bool(row["logged_in"], line=line, column="logged_in"),
+            }
+        )
     return parsed
 
 
@@ -240,5 +266,6 @@ def upsert_devices(*, session: Session, app_id: str, rows: Sequence[dict[str, ob
 
 
 def count_devices(*, session: Session, app_id: str) -> int:
-    return int(session.exec(select(func.count()).select_from(Device)
-                            .where(Device.app_id == app_id)).one())
+    return int(
+        session.exec(select(func.count()).select_from(Device).where(Device.app_id == app_id)).one()
+    )

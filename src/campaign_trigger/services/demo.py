@@ -46,38 +46,50 @@ def _device_rows(platform: str) -> list[dict[str, object]]:
     for user_no in range(1, USERS + 1):
         if user_no % 23 == 0:
             continue  # "No device for user"
-        rows.append({
-            "device_id": f"{platform}-device-{user_no}",
-            "user_id": f"user-{user_no}",
-            "push_token": _token(user_no, platform),
-            "opted_in": user_no % 29 != 0,
-            "logged_in": user_no % 31 != 0,
-        })
+        rows.append(
+            {
+                "device_id": f"{platform}-device-{user_no}",
+                "user_id": f"user-{user_no}",
+                "push_token": _token(user_no, platform),
+                "opted_in": user_no % 29 != 0,
+                "logged_in": user_no % 31 != 0,
+            }
+        )
     return rows
 
 
 def seed(*, session: Session, home: Path) -> DemoTenant:
     """Create the demo tenant once; later calls return the stored credentials."""
     credentials = home / "demo.json"
-    if session.exec(select(Organisation).where(Organisation.name == ORG)).first():
-        if credentials.exists():
-            return DemoTenant(**{**json.loads(credentials.read_text()),
-                                 "app_ids": (ANDROID_APP, IOS_APP)})
+    exists = session.exec(select(Organisation).where(Organisation.name == ORG)).first()
+    if exists and credentials.exists():
+        stored = json.loads(credentials.read_text())
+        return DemoTenant(**{**stored, "app_ids": (ANDROID_APP, IOS_APP)})
     password = secrets.token_urlsafe(12)
     admin.create_org(session=session, name=ORG, quota=100_000)
-    admin.create_account(session=session, org_name=ORG, email=EMAIL, password=password,
-                         role="member")
+    admin.create_account(
+        session=session, org_name=ORG, email=EMAIL, password=password, role="member"
+    )
     for app_id, platform in ((ANDROID_APP, "android"), (IOS_APP, "ios")):
         admin.create_app(session=session, org_name=ORG, app_id=app_id, platform=platform)
         admin.upsert_devices(session=session, app_id=app_id, rows=_device_rows(platform))
     admin.create_campaign(
-        session=session, org_name=ORG, app_ids=[ANDROID_APP, IOS_APP], channel="push",
-        title="Hello {{ first_name }}", body="Your order {{ order_id }} ships today.",
+        session=session,
+        org_name=ORG,
+        app_ids=[ANDROID_APP, IOS_APP],
+        channel="push",
+        title="Hello {{ first_name }}",
+        body="Your order {{ order_id }} ships today.",
         campaign_id=CAMPAIGN_ID,
     )
     admin.launch_campaign(session=session, campaign_id=CAMPAIGN_ID)
-    tenant = DemoTenant(org=ORG, email=EMAIL, password=password, campaign_id=CAMPAIGN_ID,
-                        app_ids=(ANDROID_APP, IOS_APP))
+    tenant = DemoTenant(
+        org=ORG,
+        email=EMAIL,
+        password=password,
+        campaign_id=CAMPAIGN_ID,
+        app_ids=(ANDROID_APP, IOS_APP),
+    )
     home.mkdir(parents=True, exist_ok=True)
     body = {key: value for key, value in asdict(tenant).items() if key != "app_ids"}
     credentials.write_text(json.dumps(body, indent=2))

@@ -24,8 +24,9 @@ def signed_url(*, settings: Settings, path: str, now: float | None = None) -> st
     return f"{settings.public_base_url.rstrip('/')}{quote(path)}?{query}"
 
 
-def verify(*, settings: Settings, path: str, expires: int, signature: str,
-           now: float | None = None) -> bool:
+def verify(
+    *, settings: Settings, path: str, expires: int, signature: str, now: float | None = None
+) -> bool:
     """Whether the signature is ours for this path and expiry, and not expired."""
     if expires < (time.time() if now is None else now):
         return False

@@ -11,7 +11,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Enum as SAEnum, Column, DateTime, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy import Enum as SAEnum
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -83,7 +84,9 @@ class MessageSource(enum.StrEnum):
 
 def _enum(kind: type[enum.StrEnum]) -> Any:
     """Enums stored as short strings (no database enum types to migrate)."""
-    return SAEnum(kind, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+    return SAEnum(
+        kind, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e]
+    )
 
 
 class Organisation(SQLModel, table=True):
@@ -237,9 +240,7 @@ class Outcome(SQLModel, table=True):
     user_id: str = Field(max_length=200)
     device_id: str = Field(default="", max_length=200)
     channel: Channel = Field(sa_type=_enum(Channel))
-    sent_at: datetime | None = Field(
-        default=None, sa_column=Column(UTCDateTime(), nullable=True)
-    )
+    sent_at: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
     error_message: str = Field(default="", max_length=64)
 
 

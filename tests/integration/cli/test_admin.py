@@ -34,7 +34,8 @@ def refused(*args: str) -> str:
     code, output = admin(*args)
     assert code == 1, output
     lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert len(lines) == 1, output
+    assert lines[0].startswith("error: "), output
     return lines[0]
 
 
@@ -64,8 +65,17 @@ def test_create_org_refuses_a_duplicate_and_a_negative_quota(org: str) -> None:
 
 def test_create_account_stores_a_verifiable_password_and_the_role(org: str) -> None:
     email = f"{uuid.uuid4().hex[:6]}@example.com"
-    ok("create-account", "--org", org, "--email", email, "--password", "s3cret-pass",
-       "--role", "viewer")
+    ok(
+        "create-account",
+        "--org",
+        org,
+        "--email",
+        email,
+        "--password",
+        "s3cret-pass",
+        "--role",
+        "viewer",
+    )
     with session_scope() as session:
         account = session.exec(select(Account).where(Account.email == email)).one()
     assert account.role == "viewer"
@@ -76,12 +86,29 @@ def test_create_account_stores_a_verifiable_password_and_the_role(org: str) -> N
 def test_create_account_refusals_change_nothing(org: str) -> None:
     email = f"{uuid.uuid4().hex[:6]}@example.com"
     ok("create-account", "--org", org, "--email", email, "--password", "s3cret-pass")
-    assert "already exists" in refused("create-account", "--org", org, "--email", email,
-                                       "--password", "another-pass")
-    assert "Unknown organisation" in refused("create-account", "--org", "nope-" + org,
-                                             "--email", "x" + email, "--password", "s3cret-pass")
-    assert "Unknown role" in refused("create-account", "--org", org, "--email", "y" + email,
-                                     "--password", "s3cret-pass", "--role", "god")
+    assert "already exists" in refused(
+        "create-account", "--org", org, "--email", email, "--password", "another-pass"
+    )
+    assert "Unknown organisation" in refused(
+        "create-account",
+        "--org",
+        "nope-" + org,
+        "--email",
+        "x" + email,
+        "--password",
+        "s3cret-pass",
+    )
+    assert "Unknown role" in refused(
+        "create-account",
+        "--org",
+        org,
+        "--email",
+        "y" + email,
+        "--password",
+        "s3cret-pass",
+        "--role",
+        "god",
+    )
     with session_scope() as session:
         emails = session.exec(select(Account.email).where(Account.email.endswith(email))).all()
     assert emails == [email]
@@ -92,20 +119,35 @@ def test_create_app_prints_an_sdk_key_and_refuses_bad_input(org: str) -> None:
     output = ok("create-app", "--org", org, "--app-id", app_id, "--platform", "ios")
     with session_scope() as session:
         created = session.exec(select(App).where(App.app_id == app_id)).one()
-    assert created.sdk_key in output and created.platform == "ios"
-    assert "Unknown platform" in refused("create-app", "--org", org, "--app-id", "x" + app_id,
-                                         "--platform", "windows")
-    assert "already exists" in refused("create-app", "--org", org, "--app-id", app_id,
-                                       "--platform", "ios")
-    assert "Unknown organisation" in refused("create-app", "--org", "no-" + org, "--app-id",
-                                             "y" + app_id, "--platform", "ios")
+    assert created.sdk_key in output
+    assert created.platform == "ios"
+    assert "Unknown platform" in refused(
+        "create-app", "--org", org, "--app-id", "x" + app_id, "--platform", "windows"
+    )
+    assert "already exists" in refused(
+        "create-app", "--org", org, "--app-id", app_id, "--platform", "ios"
+    )
+    assert "Unknown organisation" in refused(
+        "create-app", "--org", "no-" + org, "--app-id", "y" + app_id, "--platform", "ios"
+    )
 
 
 def test_campaign_is_created_as_a_draft_and_moves_draft_started_ended(
     org: str, android_app: str
 ) -> None:
-    output = ok("create-campaign", "--org", org, "--app-id", android_app, "--channel", "push",
-                "--title", "Hi {{ first_name }}", "--body", "{{ city }} and {{first_name}}")
+    output = ok(
+        "create-campaign",
+        "--org",
+        org,
+        "--app-id",
+        android_app,
+        "--channel",
+        "push",
+        "--title",
+        "Hi {{ first_name }}",
+        "--body",
+        "{{ city }} and {{first_name}}",
+    )
     campaign_id = output.split()[-1]
     with session_scope() as session:
         campaign = session.get(Campaign, campaign_id)
@@ -124,12 +166,39 @@ def test_create_campaign_takes_a_chosen_id_and_several_apps(org: str, android_ap
     ios = f"ios-{uuid.uuid4().hex[:8]}"
     ok("create-app", "--org", org, "--app-id", ios, "--platform", "ios")
     chosen = f"camp-{uuid.uuid4().hex[:8]}"
-    output = ok("create-campaign", "--org", org, "--app-id", android_app, "--app-id", ios,
-                "--channel", "inapp", "--title", "T", "--body", "B", "--campaign-id", chosen)
+    output = ok(
+        "create-campaign",
+        "--org",
+        org,
+        "--app-id",
+        android_app,
+        "--app-id",
+        ios,
+        "--channel",
+        "inapp",
+        "--title",
+        "T",
+        "--body",
+        "B",
+        "--campaign-id",
+        chosen,
+    )
     assert output.split()[-1] == chosen
-    assert "already exists" in refused("create-campaign", "--org", org, "--app-id", ios,
-                                       "--channel", "push", "--title", "T", "--body", "B",
-                                       "--campaign-id", chosen)
+    assert "already exists" in refused(
+        "create-campaign",
+        "--org",
+        org,
+        "--app-id",
+        ios,
+        "--channel",
+        "push",
+        "--title",
+        "T",
+        "--body",
+        "B",
+        "--campaign-id",
+        chosen,
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,28 +209,45 @@ def test_create_campaign_takes_a_chosen_id_and_several_apps(org: str, android_ap
         (["--channel", "push", "--title", "{% if x %}", "--body", "B"], "Unsupported"),
     ],
 )
-def test_create_campaign_refuses_bad_input(org: str, android_app: str, extra: list[str],
-                                           reason: str) -> None:
+def test_create_campaign_refuses_bad_input(
+    org: str, android_app: str, extra: list[str], reason: str
+) -> None:
     assert reason in refused("create-campaign", "--org", org, "--app-id", android_app, *extra)
 
 
 def test_create_campaign_refuses_another_orgs_app(org: str, android_app: str) -> None:
     other = f"org-{uuid.uuid4().hex[:8]}"
     ok("create-org", other)
-    assert "Unknown app" in refused("create-campaign", "--org", other, "--app-id", android_app,
-                                    "--channel", "push", "--title", "T", "--body", "B")
+    assert "Unknown app" in refused(
+        "create-campaign",
+        "--org",
+        other,
+        "--app-id",
+        android_app,
+        "--channel",
+        "push",
+        "--title",
+        "T",
+        "--body",
+        "B",
+    )
 
 
 def _devices(app_id: str) -> list[Device]:
     with session_scope() as session:
-        return list(session.exec(select(Device).where(Device.app_id == app_id)
-                                 .order_by(Device.device_id)).all())
+        return list(
+            session.exec(
+                select(Device).where(Device.app_id == app_id).order_by(Device.device_id)
+            ).all()
+        )
 
 
 def test_import_devices_inserts_then_updates(android_app: str, tmp_path: Path) -> None:
     path = tmp_path / "devices.csv"
-    path.write_text("device_id,user_id,push_token,opted_in,logged_in\n"
-                    "d1,u1,tok-1,true,true\nd2,u2,tok-2,false,yes\nd3,,,1,0\n")
+    path.write_text(
+        "device_id,user_id,push_token,opted_in,logged_in\n"
+        "d1,u1,tok-1,true,true\nd2,u2,tok-2,false,yes\nd3,,,1,0\n"
+    )
     assert "Imported 3" in ok("import-devices", "--app-id", android_app, str(path))
     path.write_text("device_id,user_id,push_token,opted_in,logged_in\nd1,u9,tok-9,true,false\n")
     ok("import-devices", "--app-id", android_app, str(path))
@@ -177,16 +263,24 @@ def test_import_devices_inserts_then_updates(android_app: str, tmp_path: Path) -
     ("content", "reason"),
     [
         ("device_id,user_id,push_token\nd1,u1,t\n", "lacks column(s): opted_in, logged_in"),
-        ("device_id,user_id,push_token,opted_in,logged_in\nd1,u1,t,true,true\n"
-         "d2,u2,t,maybe,true\n", "Line 3: opted_in must be true or false"),
-        ("device_id,user_id,push_token,opted_in,logged_in\n,u1,t,true,true\n",
-         "device_id is empty"),
-        ("device_id,user_id,push_token,opted_in,logged_in\nd1,u1,t,true,true,extra\n",
-         "wrong number of fields"),
+        (
+            "device_id,user_id,push_token,opted_in,logged_in\nd1,u1,t,true,true\n"
+            "d2,u2,t,maybe,true\n",
+            "Line 3: opted_in must be true or false",
+        ),
+        (
+            "device_id,user_id,push_token,opted_in,logged_in\n,u1,t,true,true\n",
+            "device_id is empty",
+        ),
+        (
+            "device_id,user_id,push_token,opted_in,logged_in\nd1,u1,t,true,true,extra\n",
+            "wrong number of fields",
+        ),
     ],
 )
-def test_import_devices_refuses_a_bad_file_whole(android_app: str, tmp_path: Path,
-                                                  content: str, reason: str) -> None:
+def test_import_devices_refuses_a_bad_file_whole(
+    android_app: str, tmp_path: Path, content: str, reason: str
+) -> None:
     path = tmp_path / "devices.csv"
     path.write_text(content)
     assert reason in refused("import-devices", "--app-id", android_app, str(path))
@@ -199,10 +293,18 @@ def test_import_devices_refuses_an_unknown_app_and_a_missing_file(tmp_path: Path
 
 def test_console_script_runs_and_fails_with_a_one_line_reason() -> None:
     command = Path(sys.executable).with_name("campaign-trigger")
-    result = subprocess.run([str(command), "admin", "create-org", "org-" + uuid.uuid4().hex],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(command), "admin", "create-org", "org-" + uuid.uuid4().hex],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
-    result = subprocess.run([str(command), "admin", "launch-campaign", "nope"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(command), "admin", "launch-campaign", "nope"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 1
     assert result.stderr.strip() == "error: Unknown campaign 'nope'"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from alembic import context
-
 from sqlmodel import SQLModel
 
 from campaign_trigger.store import models  # noqa: F401  (registers the tables)
@@ -27,8 +26,11 @@ def run_migrations_online() -> None:
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=context.config.get_main_option("sqlalchemy.url"),
-                      target_metadata=target_metadata, literal_binds=True)
+    context.configure(
+        url=context.config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -37,4 +39,3 @@ if context.is_offline_mode():
     run_migrations_offline()
 else:
     run_migrations_online()
-
