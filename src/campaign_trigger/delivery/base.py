@@ -1,0 +1,65 @@
+"""The delivery contract: what a flow hands a push provider and what it gets back.
+
+A flow opens one provider per app (:func:`campaign_trigger.delivery.open_provider`),
+calls :meth:`PushProvider.send_many` with a chunk of rendered messages and gets one
+:class:`PushResult` per message, in the same order, never an exception for a
+per-message failure. ``error_message`` is ``""`` on success, else one of the
+``FPErr*`` values of the report (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, Protocol
+
+from campaign_trigger.store.models import Platform
+
+FP_ERR_TOKEN_UNREGISTERED: Final = "FPErrTokenUnregistered"  # noqa: S105
+FP_ERR_BAD_RECIPIENT_TOKEN: Final = "FPErrBadRecipientToken"  # noqa: S105
+FP_ERR_JSON_MARSHALLING: Final = "FPErrJSONMarshalling"
+FP_ERR_PUSH_FAILED: Final = "FPErrPushFailed"
+
+MAX_PAYLOAD_BYTES: Final = 4096
+"""Largest rendered payload we send (FCM and APNs both allow 4 KB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushMessage:
+    """One rendered push message for one device token."""
+
+    key: int  # the caller's index, echoed back in the result
+    token: str
+    title: str
+    body: str
+    data: Mapping[str, str]  # e.g. request_id, campaign_id
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What happened to one :class:`PushMessage`."""
+
+    key: int
+    error_message: str  # "" on success, else one of the FPErr* values
+    sent_at: datetime | None  # UTC, when the provider accepted it
+    unregistered_at: datetime | None  # set when the token came back unregistered
+
+
+class PushProvider(Protocol):
+    """A push service client for one app (FCM for Android, APNs for iOS)."""
+
+    platform: Platform
+
+    async def send_many(self, messages: Sequence[PushMessage]) -> list[PushResult]:
+        """Send every message with bounded concurrency and retries; one result each, in order."""
+        ...
+
+    @property
+    def auth_failed(self) -> bool:
+        """True once the provider refused our credentials (the app is flagged)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections."""
+        ...
