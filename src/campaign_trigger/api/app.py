@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from campaign_trigger import __version__
+from campaign_trigger.api import devices
 from campaign_trigger.api.errors import install_error_handlers
 from campaign_trigger.store.db import get_engine
 
@@ -46,6 +47,7 @@ def create_app() -> FastAPI:
         'API-trigger campaigns. Every non-200 answer is `{"error_message": "..."}`.',
     )
     install_error_handlers(app)
+    app.include_router(devices.router)
 
     @app.get("/health", tags=["health"])
     async def read_health() -> JSONResponse:
