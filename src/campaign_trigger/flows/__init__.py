@@ -1,1 +1,5 @@
-"""flows."""
+"""Prefect flows: orchestration only (the rules live in services/ and tasks/)."""
+
+from campaign_trigger.flows.deliver import deliver_request
+
+__all__ = ["deliver_request"]

@@ -133,12 +133,11 @@ def _correct_mirror(request_ids: list[str], state: RequestState) -> None:
         )
 
 
-async def scheduled_requests(*, org_id: int, campaign_id: str, limit: int,
-                             offset: int) -> tuple[list[Request], int]:
+async def scheduled_requests(
+    *, org_id: int, campaign_id: str, limit: int, offset: int
+) -> tuple[list[Request], int]:
     """The campaign's requests whose flow run is Scheduled (or still in the outbox)."""
-    candidates = await asyncio.to_thread(
-        _campaign_requests, org_id=org_id, campaign_id=campaign_id
-    )
+    candidates = await asyncio.to_thread(_campaign_requests, org_id=org_id, campaign_id=campaign_id)
     try:
         async with get_client() as client:
             scheduled_ids = await prefect_runs.scheduled_run_ids(
@@ -148,8 +147,11 @@ async def scheduled_requests(*, org_id: int, campaign_id: str, limit: int,
             # UI): correct the mirror from the run's state.
             corrections: dict[RequestState, list[str]] = {}
             for r in candidates:
-                if (r.state == RequestState.scheduled and r.flow_run_id is not None
-                        and r.flow_run_id not in scheduled_ids):
+                if (
+                    r.state == RequestState.scheduled
+                    and r.flow_run_id is not None
+                    and r.flow_run_id not in scheduled_ids
+                ):
                     run = await prefect_runs.read_run(client, r.flow_run_id)
                     if run.state is not None and run.state.type in _MIRROR:
                         corrections.setdefault(_MIRROR[run.state.type], []).append(r.id)
@@ -160,7 +162,8 @@ async def scheduled_requests(*, org_id: int, campaign_id: str, limit: int,
     for state, ids in corrections.items():
         await asyncio.to_thread(_correct_mirror, ids, state)
     listed = [
-        r for r in candidates
+        r
+        for r in candidates
         if (r.flow_run_id is None and r.state == RequestState.scheduled)
         or (r.flow_run_id is not None and r.flow_run_id in scheduled_ids)
     ]
@@ -185,9 +188,7 @@ async def report_links(*, org_id: int, request_id: str) -> list[str]:
             state_type = run.state.type if run.state else None
         except Exception as exc:
             logger.warning("report: flow run state unavailable, using the mirror: %r", exc)
-            state_type = (
-                StateType.COMPLETED if request.state == RequestState.processed else None
-            )
+            state_type = StateType.COMPLETED if request.state == RequestState.processed else None
     if state_type in _MIRROR and _MIRROR[state_type] != request.state and state_type:
         await asyncio.to_thread(_set_state, request_id, _MIRROR[state_type])
     if state_type != StateType.COMPLETED or not request.report_paths:

@@ -153,8 +153,9 @@ async def cancel_if_scheduled(client: PrefectClient, flow_run_id: UUID | str) ->
     return True
 
 
-def scheduled_filter(*, dep_id: UUID, tags: list[str] | None = None,
-                     due_before: datetime | None = None) -> FlowRunFilter:
+def scheduled_filter(
+    *, dep_id: UUID, tags: list[str] | None = None, due_before: datetime | None = None
+) -> FlowRunFilter:
     return FlowRunFilter(
         deployment_id=FlowRunFilterDeploymentId(any_=[dep_id]),
         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
@@ -173,7 +174,9 @@ async def scheduled_run_ids(client: PrefectClient, *, tags: list[str]) -> set[st
     while True:
         page = await client.read_flow_runs(
             flow_run_filter=scheduled_filter(dep_id=dep_id, tags=tags),
-            sort=FlowRunSort.ID_DESC, limit=PAGE_LIMIT, offset=offset,
+            sort=FlowRunSort.ID_DESC,
+            limit=PAGE_LIMIT,
+            offset=offset,
         )
         found.update(str(run.id) for run in page)
         if len(page) < PAGE_LIMIT:
@@ -186,12 +189,14 @@ async def due_runs(client: PrefectClient, *, before: datetime, limit: int) -> li
     dep_id = await deployment_id(client)
     return await client.read_flow_runs(
         flow_run_filter=scheduled_filter(dep_id=dep_id, due_before=before),
-        sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC, limit=limit,
+        sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC,
+        limit=limit,
     )
 
 
-async def runs_in_states(client: PrefectClient, *, states: list[StateType],
-                         ids: list[UUID] | None = None) -> list[FlowRun]:
+async def runs_in_states(
+    client: PrefectClient, *, states: list[StateType], ids: list[UUID] | None = None
+) -> list[FlowRun]:
     """deliver-request runs in ``states`` (e.g. Pending/Running, to find orphans)."""
     dep_id = await deployment_id(client)
     return await client.read_flow_runs(

@@ -57,7 +57,9 @@ def _outbox_batch(limit: int) -> list[prefect_runs.RunToCreate]:
         ).all()
         return [
             prefect_runs.RunToCreate(
-                request_id=row.id, campaign_id=row.campaign_id, org_id=row.org_id,
+                request_id=row.id,
+                campaign_id=row.campaign_id,
+                org_id=row.org_id,
                 send_at=row.send_at,
             )
             for row in rows

@@ -1,0 +1,200 @@
+"""Seeding and waiting helpers for the delivery tests (integration/flows and e2e).
+
+Tenants, apps, devices and requests are written straight into the store tables,
+as ``create_request`` would leave them (the request in the outbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from prefect import get_client
+from prefect.client.schemas.objects import FlowRun
+from sqlalchemy import insert
+
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import (
+    App,
+    Campaign,
+    CampaignApp,
+    CampaignState,
+    Channel,
+    Device,
+    MessageSource,
+    Organisation,
+    Platform,
+    Request,
+    RequestMessage,
+)
+
+TITLE = "Hello {{ first_name }}"
+BODY = "Order {{ order_id }} is on its way"
+
+
+@dataclass
+class Tenant:
+    org_id: int
+    campaign_id: str
+    android: str
+    ios: str
+    channel: Channel
+
+    @property
+    def app_ids(self) -> list[str]:
+        return [self.android, self.ios]
+
+
+@dataclass
+class DeviceSpec:
+    app_id: str
+    device_id: str
+    user_id: str
+    token: str | None
+    opted_in: bool = True
+    logged_in: bool = True
+    unregistered: bool = False
+
+
+@dataclass
+class Audience:
+    devices: list[DeviceSpec] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)
+
+
+def seed_tenant(*, channel: Channel = Channel.push) -> Tenant:
+    tag = uuid.uuid4().hex[:8]
+    with session_scope() as session:
+        org = Organisation(name=f"org-{tag}", request_quota=10**6)
+        session.add(org)
+        session.flush()
+        assert org.id is not None
+        android = App(app_id=f"android-{tag}", org_id=org.id, platform=Platform.android,
+                      sdk_key=f"sdk-a-{tag}")
+        ios = App(app_id=f"ios-{tag}", org_id=org.id, platform=Platform.ios,
+                  sdk_key=f"sdk-i-{tag}")
+        campaign = Campaign(org_id=org.id, channel=channel, state=CampaignState.started,
+                            title=TITLE, body=BODY, variables=["first_name", "order_id"])
+        session.add_all([android, ios, campaign])
+        session.flush()
+        session.add_all([CampaignApp(campaign_id=campaign.id, app_id=android.app_id),
+                         CampaignApp(campaign_id=campaign.id, app_id=ios.app_id)])
+        return Tenant(org_id=org.id, campaign_id=campaign.id, android=android.app_id,
+                      ios=ios.app_id, channel=channel)
+
+
+def add_devices(devices: Sequence[DeviceSpec]) -> None:
+    now = datetime.now(UTC)
+    rows = [
+        {"app_id": d.app_id, "device_id": d.device_id, "user_id": d.user_id,
+         "push_token": d.token, "opted_in": d.opted_in, "logged_in": d.logged_in,
+         "unregistered_at": now if d.unregistered else None, "uninstalled_at": None,
+         "updated_at": now}
+        for d in devices
+    ]
+    with session_scope() as session:
+        session.execute(insert(Device), rows)
+
+
+def every_outcome_audience(tenant: Tenant) -> Audience:
+    """Users covering every outcome kind, on both apps; tokens unique per test."""
+    tag = uuid.uuid4().hex[:6]
+    a, i = tenant.android, tenant.ios
+    aud = Audience()
+
+    def dev(app: str, user: str, token: str | None, **kw: Any) -> None:
+        aud.devices.append(DeviceSpec(app, f"dev-{user}-{app[:3]}", user, token, **kw))
+
+    dev(a, f"u-ok-{tag}", f"ok-a-{tag}")
+    dev(i, f"u-ok-{tag}", f"ok-i-{tag}")
+    dev(a, f"u-flaky-{tag}", f"flaky-a-{tag}")
+    dev(a, f"u-unreg-{tag}", f"unregistered-a-{tag}")
+    dev(i, f"u-expired-{tag}", f"expired-i-{tag}")
+    dev(a, f"u-invalid-{tag}", f"invalid-a-{tag}")
+    dev(a, f"u-fail-{tag}", f"fail-a-{tag}")
+    dev(a, f"u-optout-{tag}", f"optout-a-{tag}", opted_in=False)
+    dev(i, f"u-loggedout-{tag}", f"loggedout-i-{tag}", logged_in=False)
+    dev(a, f"u-gone-{tag}", f"gone-a-{tag}", unregistered=True)
+    aud.users = sorted({d.user_id for d in aud.devices}) + [f"u-nodevice-{tag}"]
+    return aud
+
+
+def bulk_audience(tenant: Tenant, *, users: int, prefix: str) -> Audience:
+    """``users`` users with one Android and one iOS device each, all deliverable."""
+    aud = Audience(users=[f"{prefix}-u{n}" for n in range(users)])
+    for user in aud.users:
+        aud.devices.append(DeviceSpec(tenant.android, f"{user}-a", user, f"{user}-ta"))
+        aud.devices.append(DeviceSpec(tenant.ios, f"{user}-i", user, f"{user}-ti"))
+    return aud
+
+
+def add_request(tenant: Tenant, users: Sequence[str], *, send_at: datetime) -> str:
+    """A JSON request as create_request leaves it: persisted, in the outbox."""
+    with session_scope() as session:
+        request = Request(org_id=tenant.org_id, campaign_id=tenant.campaign_id,
+                          send_at=send_at, source=MessageSource.json,
+                          message_count=len(users))
+        session.add(request)
+        session.flush()
+        session.execute(insert(RequestMessage), [
+            {"request_id": request.id, "seq": n, "user_id": user,
+             "template_variables": {"first_name": f"N{n}", "order_id": f"=O{n}"}}
+            for n, user in enumerate(users)
+        ])
+        return request.id
+
+
+def load_request(request_id: str) -> Request:
+    with session_scope() as session:
+        request = session.get(Request, request_id)
+        assert request is not None
+        return request
+
+
+async def read_run(request_id: str) -> FlowRun | None:
+    flow_run_id = load_request(request_id).flow_run_id
+    if flow_run_id is None:
+        return None
+    async with get_client() as client:
+        return await client.read_flow_run(uuid.UUID(flow_run_id))
+
+
+async def wait_for_state(request_id: str, *types: str, timeout: float = 60) -> FlowRun:
+    """Poll until the request's flow run is in one of the state types (names)."""
+    deadline = time.monotonic() + timeout
+    run: FlowRun | None = None
+    while time.monotonic() < deadline:
+        run = await read_run(request_id)
+        if run is not None and run.state is not None and run.state.type.value in types:
+            return run
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"run of {request_id} not in {types}: {run and run.state}")
+
+
+def sandbox_stats(base_url: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{base_url}/sandbox/stats", timeout=10).json())
+
+
+def read_report(request_id: str) -> dict[str, list[dict[str, str]]]:
+    """app_id -> rows of its report file."""
+    import csv
+    import io
+
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.store.files import get_storage
+
+    storage = get_storage(get_settings())
+    reports: dict[str, list[dict[str, str]]] = {}
+    for key in load_request(request_id).report_paths:
+        with storage.open(key, "rb") as handle:
+            text = handle.read().decode()
+        reports[key.rsplit("/", 1)[1].removesuffix(".csv")] = list(
+            csv.DictReader(io.StringIO(text))
+        )
+    return reports
