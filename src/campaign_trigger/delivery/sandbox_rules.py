@@ -107,6 +107,7 @@ class SandboxState:
     def __init__(self, *, latency_ms: float = 0) -> None:
         self.latency_ms = latency_ms
         self.access_tokens: set[str] = set()
+        self.assertions: list[Body] = []  # the JWT-bearer assertions we were sent, decoded
         self.token_requests = 0
         self.clear()
 
@@ -141,6 +142,7 @@ class SandboxState:
         required = ("iss", "scope", "aud", "iat", "exp")
         if header.get("alg") != "RS256" or any(name not in claims for name in required):
             return 400, {"error": "invalid_grant", "error_description": "Invalid JWT."}
+        self.assertions.append({"header": header, "claims": claims})
         if str(claims["iss"]).startswith("denied"):
             return 400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."}
         token = f"ya29.sandbox-{secrets.token_urlsafe(24)}"
@@ -315,6 +317,7 @@ class SandboxState:
                 "data": {k: v for k, v in document.items() if k != "aps"},
                 "payload": document,
                 "topic": headers.get("apns-topic"),
+                "provider_token_id": hashlib.sha256(provider_jwt.encode()).hexdigest()[:16],
                 "http_version": http_version,
                 "received_at": time.time(),
             }

@@ -1,0 +1,179 @@
+"""Fixtures for the delivery tests: a real sandbox on a free port, settings pointing at
+it, apps in an isolated database, and a small HTTP/2 server that sends GOAWAY."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import httpx
+import pytest
+
+from campaign_trigger.config import Settings, get_settings
+from campaign_trigger.delivery.sandbox import running_sandbox
+from campaign_trigger.delivery.sandbox_rules import SandboxState
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.migrate import upgrade
+from campaign_trigger.store.models import App, Organisation, Platform
+
+RESERVED_PORTS = {4200, 8000, 8010}
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (never one of the stack's defaults)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in RESERVED_PORTS:
+            return port
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port with nothing listening."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def delivery_database() -> str:
+    """The session's database: CT_HOME must be a temporary folder; migrated to head."""
+    if not os.environ.get("CT_HOME"):
+        os.environ["CT_HOME"] = tempfile.mkdtemp(prefix="ct-delivery-")
+    get_settings.cache_clear()
+    settings = get_settings()
+    assert Path(settings.home).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    upgrade(settings.database_url)
+    return settings.database_url
+
+
+@pytest.fixture(scope="session")
+def sandbox_session() -> Iterator[tuple[str, SandboxState]]:
+    """The sandbox, served by hypercorn in a thread, for the whole session."""
+    port = free_port()
+    with running_sandbox(host="127.0.0.1", port=port) as state:
+        yield f"http://127.0.0.1:{port}", state
+
+
+@pytest.fixture
+def sandbox(sandbox_session: tuple[str, SandboxState]) -> str:
+    """The sandbox's base URL, its deliveries cleared (over HTTP) for this test."""
+    url, _ = sandbox_session
+    assert httpx.delete(f"{url}/sandbox/deliveries").status_code == 200
+    return url
+
+
+@pytest.fixture
+def sandbox_state(sandbox_session: tuple[str, SandboxState], sandbox: str) -> SandboxState:
+    """The sandbox's memory (read-only use in tests)."""
+    return sandbox_session[1]
+
+
+@pytest.fixture
+def settings(sandbox: str, delivery_database: str) -> Settings:
+    """Settings with every provider URL on the test sandbox and a short retry budget."""
+    return get_settings().model_copy(
+        update={
+            "fcm_base_url": sandbox,
+            "fcm_token_uri": f"{sandbox}/token",
+            "apns_base_url": sandbox,
+            "delivery_max_attempts": 3,
+            "delivery_concurrency": 32,
+        }
+    )
+
+
+def make_app(platform: Platform) -> App:
+    """A fresh organisation and app in the session database."""
+    suffix = uuid.uuid4().hex[:10]
+    with session_scope() as session:
+        org = Organisation(name=f"org-{suffix}")
+        session.add(org)
+        session.flush()
+        assert org.id is not None
+        app = App(app_id=f"app-{suffix}", org_id=org.id, platform=platform, sdk_key=f"key-{suffix}")
+        session.add(app)
+    return app
+
+
+@pytest.fixture
+def android_app(delivery_database: str) -> App:
+    return make_app(Platform.android)
+
+
+@pytest.fixture
+def ios_app(delivery_database: str) -> App:
+    return make_app(Platform.ios)
+
+
+@dataclass
+class GoawayServer:
+    """An h2c server answering 200 to ``streams_per_connection`` streams per connection,
+    then sending GOAWAY with ``last_stream_id`` = the last stream it processed; streams
+    above it are never answered nor recorded (as RFC 9113 §6.8 allows)."""
+
+    streams_per_connection: int
+    port: int = 0
+    processed: list[str] = field(default_factory=list)  # the device tokens, in order
+    connections: int = 0
+    goaways: int = 0
+
+
+class _GoawayProtocol(asyncio.Protocol):
+    def __init__(self, server: GoawayServer) -> None:
+        self.server = server
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        self.paths: dict[int, str] = {}
+        self.done = 0
+        self.gone = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server.connections += 1
+        self.h2.initiate_connection()
+        self.h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100})
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                self.paths[event.stream_id] = dict(event.headers)[b":path"].decode()
+            elif isinstance(event, h2.events.DataReceived):
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded) and not self.gone:
+                stream_id = event.stream_id
+                self.server.processed.append(self.paths[stream_id].rsplit("/", 1)[-1])
+                self.h2.send_headers(
+                    stream_id, [(":status", "200"), ("apns-id", "x")], end_stream=True
+                )
+                self.done += 1
+                if self.done >= self.server.streams_per_connection:
+                    self.gone = True
+                    self.server.goaways += 1
+                    self.h2.close_connection(last_stream_id=stream_id)
+                    asyncio.get_running_loop().call_later(0.05, self.transport.close)
+        if self.transport and not self.transport.is_closing():
+            self.transport.write(self.h2.data_to_send())
+
+
+@pytest.fixture
+async def goaway_server() -> AsyncIterator[GoawayServer]:
+    """A :class:`GoawayServer` (10 streams per connection) on a free port."""
+    server = GoawayServer(streams_per_connection=10)
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(lambda: _GoawayProtocol(server), "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    yield server
+    listener.close()
+    await listener.wait_closed()

@@ -1,0 +1,249 @@
+"""The APNs client against the real sandbox over HTTP/2 (h2c): mapping, JWT, GOAWAY."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from sqlmodel import select
+
+from campaign_trigger.config import Settings
+from campaign_trigger.delivery import open_provider
+from campaign_trigger.delivery.apns import ApnsProvider
+from campaign_trigger.delivery.base import PushMessage
+from campaign_trigger.delivery.credentials import apns_credentials
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import App, Device, Platform
+
+DATA = {"request_id": "r1", "campaign_id": "c1"}
+
+
+def message(key: int, token: str, title: str = "Hello", body: str = "World") -> PushMessage:
+    return PushMessage(key=key, token=token, title=title, body=body, data=DATA)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ("ok-1", ""),
+        ("unregistered-1", "FPErrTokenUnregistered"),
+        ("mismatch-1", "FPErrTokenUnregistered"),
+        ("expired-1", "FPErrBadRecipientToken"),
+        ("invalid-1", "FPErrBadRecipientToken"),
+        ("fail-1", "FPErrPushFailed"),
+        ("flaky-1", ""),
+        ("throttled-1", ""),
+        ("expiredprovidertoken-1", ""),
+    ],
+)
+async def test_each_sandbox_outcome_maps_to_its_report_value(
+    settings: Settings, ios_app: App, token: str, expected: str
+) -> None:
+    provider = open_provider(Platform.ios, settings=settings, app_id=ios_app.app_id)
+    try:
+        [result] = await provider.send_many([message(3, token)])
+    finally:
+        await provider.aclose()
+    assert (result.key, result.error_message) == (3, expected)
+    assert (result.sent_at is not None) == (expected == "")
+    assert (result.unregistered_at is not None) == (expected == "FPErrTokenUnregistered")
+
+
+async def test_requests_go_over_http2_with_the_apns_headers(
+    settings: Settings, sandbox: str
+) -> None:
+    provider = ApnsProvider(apns_credentials(settings))
+    try:
+        results = await provider.send_many(
+            [message(i, f"phone-{i}", title=f"T{i}", body="Grüße") for i in range(300)]
+        )
+    finally:
+        await provider.aclose()
+    assert all(r.error_message == "" for r in results)
+    assert provider.pool.connections_opened == 1  # 300 streams multiplexed on one connection
+    deliveries = httpx.get(f"{sandbox}/sandbox/deliveries").json()
+    assert len(deliveries) == 300
+    first = next(d for d in deliveries if d["token"] == "phone-7")
+    assert first["http_version"] == "2"
+    assert (first["title"], first["body"], first["data"]) == ("T7", "Grüße", DATA)
+    assert first["payload"]["aps"]["alert"] == {"title": "T7", "body": "Grüße"}
+    assert first["topic"] == settings.apns_topic
+    uuid.UUID(first["message_id"])
+    assert len({d["message_id"] for d in deliveries}) == 300
+    assert len({d["provider_token_id"] for d in deliveries}) == 1  # one JWT reused
+    assert provider.tokens.minted == 1
+
+
+async def test_jwt_is_reused_for_its_window_then_renewed(settings: Settings) -> None:
+    clock = FakeClock()
+    provider = ApnsProvider(apns_credentials(settings), clock=clock, jwt_reuse_seconds=40 * 60)
+    try:
+        await provider.send_many([message(0, "jwt-a")])
+        first = provider.tokens.get()
+        clock.now += 39 * 60
+        await provider.send_many([message(0, "jwt-b")])
+        assert provider.tokens.get() == first
+        clock.now += 2 * 60
+        [result] = await provider.send_many([message(0, "jwt-c")])
+        assert result.error_message == ""
+        assert provider.tokens.get() != first
+    finally:
+        await provider.aclose()
+    header = jwt.get_unverified_header(first)
+    claims = jwt.decode(first, options={"verify_signature": False})
+    assert header["alg"] == "ES256" and header["kid"]
+    assert set(claims) == {"iss", "iat"}
+
+
+async def test_expired_provider_token_gets_a_new_jwt_and_one_retry(
+    settings: Settings, sandbox: str
+) -> None:
+    provider = ApnsProvider(apns_credentials(settings))
+    try:
+        results = await provider.send_many(
+            [message(i, f"expiredprovidertoken-{i}") for i in range(5)]
+        )
+    finally:
+        await provider.aclose()
+    assert all(r.error_message == "" for r in results)
+    assert provider.tokens.minted == 2  # one renewal shared by every stream that hit it
+    stats = httpx.get(f"{sandbox}/sandbox/stats").json()
+    assert set(stats["requests_per_token"].values()) == {2}
+    assert set(stats["per_token"].values()) == {1}
+
+
+async def test_unregistered_timestamp_is_recorded_on_the_device(
+    settings: Settings, ios_app: App
+) -> None:
+    with session_scope() as session:
+        session.add(Device(app_id=ios_app.app_id, device_id="i1", push_token="unregistered-i1"))
+    provider = open_provider(Platform.ios, settings=settings, app_id=ios_app.app_id)
+    before = datetime.now(UTC)
+    try:
+        [result] = await provider.send_many([message(0, "unregistered-i1")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == "FPErrTokenUnregistered"
+    assert result.unregistered_at is not None
+    assert abs((result.unregistered_at - before).total_seconds()) < 5
+    with session_scope() as session:
+        device = session.exec(select(Device).where(Device.app_id == ios_app.app_id)).one()
+    assert device.unregistered_at is not None
+    assert abs((device.unregistered_at - result.unregistered_at).total_seconds()) < 0.002
+
+
+async def test_flaky_is_retried_with_the_same_apns_id(settings: Settings, sandbox: str) -> None:
+    provider = ApnsProvider(apns_credentials(settings))
+    started = time.monotonic()
+    try:
+        [result] = await provider.send_many([message(0, "flaky-ios")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == ""
+    assert time.monotonic() - started >= 0.95
+    stats = httpx.get(f"{sandbox}/sandbox/stats").json()
+    assert stats["requests_per_token"]["flaky-ios"] == 2
+    assert stats["per_token"]["flaky-ios"] == 1
+
+
+async def test_fail_gives_push_failed_after_max_attempts(settings: Settings, sandbox: str) -> None:
+    provider = ApnsProvider(apns_credentials(settings), max_attempts=3, backoff_base=0.01)
+    try:
+        [result] = await provider.send_many([message(0, "fail-ios")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == "FPErrPushFailed"
+    assert httpx.get(f"{sandbox}/sandbox/stats").json()["requests_per_token"]["fail-ios"] == 3
+
+
+async def test_payload_over_4_kb_is_never_sent(settings: Settings, sandbox: str) -> None:
+    provider = ApnsProvider(apns_credentials(settings))
+    try:
+        big, reserved, fine = await provider.send_many(
+            [
+                message(0, "big-ios", body="é" * 2100),
+                PushMessage(key=1, token="aps-ios", title="t", body="b", data={"aps": "x"}),
+                message(2, "fine-ios", body="z" * 3900),
+            ]
+        )
+    finally:
+        await provider.aclose()
+    assert big.error_message == reserved.error_message == "FPErrJSONMarshalling"
+    assert fine.error_message == ""
+    assert httpx.get(f"{sandbox}/sandbox/stats").json()["requests_per_token"] == {"fine-ios": 1}
+
+
+async def test_refused_provider_token_flags_the_app(
+    settings: Settings, ios_app: App, tmp_path: Path
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    path = tmp_path / "AuthKey_DENIED1234.p8"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    configured = settings.model_copy(
+        update={"apns_key_file": str(path), "apns_key_id": "DENIED1234", "apns_team_id": "TEAM1"}
+    )
+    provider = open_provider(Platform.ios, settings=configured, app_id=ios_app.app_id)
+    try:
+        results = await provider.send_many([message(i, f"ok-{i}") for i in range(20)])
+    finally:
+        await provider.aclose()
+    assert {r.error_message for r in results} == {"FPErrPushFailed"}
+    assert provider.auth_failed
+    with session_scope() as session:
+        app = session.exec(select(App).where(App.app_id == ios_app.app_id)).one()
+    assert app.provider_auth_failed_at is not None
+
+
+async def test_streams_above_goaway_last_stream_id_are_resent_on_a_new_connection(
+    settings: Settings,
+    goaway_server: Any,  # conftest.GoawayServer
+) -> None:
+    credentials = apns_credentials(
+        settings.model_copy(update={"apns_base_url": f"http://127.0.0.1:{goaway_server.port}"})
+    )
+    provider = ApnsProvider(credentials, concurrency=40, max_connections=2)
+    tokens = [f"gw-{i}" for i in range(200)]
+    try:
+        results = await provider.send_many([message(i, t) for i, t in enumerate(tokens)])
+    finally:
+        await provider.aclose()
+    assert [r.error_message for r in results] == [""] * 200
+    assert sorted(goaway_server.processed) == sorted(tokens)  # each processed exactly once
+    assert goaway_server.goaways >= 19
+    assert goaway_server.connections >= 20
+
+
+async def test_unreachable_apns_is_retried_then_push_failed(
+    settings: Settings, closed_port: int
+) -> None:
+    credentials = apns_credentials(
+        settings.model_copy(update={"apns_base_url": f"http://127.0.0.1:{closed_port}"})
+    )
+    provider = ApnsProvider(credentials, max_attempts=2, backoff_base=0.01)
+    try:
+        [result] = await provider.send_many([message(0, "ok-nowhere")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == "FPErrPushFailed"

@@ -1,0 +1,259 @@
+"""The FCM client against the real sandbox over HTTP: every mapping row, OAuth, retries."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlmodel import select
+
+from campaign_trigger.config import Settings
+from campaign_trigger.delivery import open_provider
+from campaign_trigger.delivery.base import PushMessage
+from campaign_trigger.delivery.credentials import fcm_credentials
+from campaign_trigger.delivery.fcm import FcmProvider
+from campaign_trigger.delivery.sandbox_rules import SandboxState
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import App, Device, Platform
+
+DATA = {"request_id": "r1", "campaign_id": "c1"}
+
+
+def message(key: int, token: str, title: str = "Hello", body: str = "World") -> PushMessage:
+    return PushMessage(key=key, token=token, title=title, body=body, data=DATA)
+
+
+class FakeClock:
+    """Time that tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ("ok-1", ""),
+        ("unregistered-1", "FPErrTokenUnregistered"),
+        ("mismatch-1", "FPErrTokenUnregistered"),
+        ("expired-1", "FPErrBadRecipientToken"),
+        ("invalid-1", "FPErrBadRecipientToken"),
+        ("fail-1", "FPErrPushFailed"),
+        ("flaky-1", ""),
+        ("throttled-1", ""),
+    ],
+)
+async def test_each_sandbox_outcome_maps_to_its_report_value(
+    settings: Settings, android_app: App, token: str, expected: str
+) -> None:
+    provider = open_provider(Platform.android, settings=settings, app_id=android_app.app_id)
+    try:
+        [result] = await provider.send_many([message(7, token)])
+    finally:
+        await provider.aclose()
+    assert result.key == 7
+    assert result.error_message == expected
+    assert (result.sent_at is not None) == (expected == "")
+    assert (result.unregistered_at is not None) == (expected == "FPErrTokenUnregistered")
+    assert not provider.auth_failed
+
+
+async def test_delivered_payload_carries_rendered_title_body_and_data(
+    settings: Settings, sandbox: str
+) -> None:
+    provider = FcmProvider(fcm_credentials(settings))
+    before = datetime.now(UTC)
+    try:
+        results = await provider.send_many(
+            [message(i, f"device-{i}", title=f"Hi {i}", body="Déjà vu ✓") for i in range(50)]
+        )
+    finally:
+        await provider.aclose()
+    assert all(r.error_message == "" and r.sent_at and r.sent_at >= before for r in results)
+    assert [r.key for r in results] == list(range(50))
+    [delivery] = httpx.get(f"{sandbox}/sandbox/deliveries", params={"token": "device-3"}).json()
+    assert delivery["title"] == "Hi 3"
+    assert delivery["body"] == "Déjà vu ✓"
+    assert delivery["data"] == DATA
+    assert delivery["payload"]["android"] == {"priority": "high"}
+    stats = httpx.get(f"{sandbox}/sandbox/stats").json()
+    assert stats["deliveries"] == 50
+    assert set(stats["per_token"].values()) == {1}
+    assert set(stats["per_message"].values()) == {1}
+
+
+async def test_unregistered_token_is_recorded_on_the_device(
+    settings: Settings, android_app: App
+) -> None:
+    with session_scope() as session:
+        session.add(Device(app_id=android_app.app_id, device_id="d1", push_token="unregistered-9"))
+        session.add(Device(app_id=android_app.app_id, device_id="d2", push_token="ok-9"))
+    provider = open_provider(Platform.android, settings=settings, app_id=android_app.app_id)
+    try:
+        gone, ok = await provider.send_many([message(0, "unregistered-9"), message(1, "ok-9")])
+    finally:
+        await provider.aclose()
+    assert gone.error_message == "FPErrTokenUnregistered" and ok.error_message == ""
+    with session_scope() as session:
+        devices = {
+            d.device_id: d
+            for d in session.exec(select(Device).where(Device.app_id == android_app.app_id))
+        }
+    assert devices["d1"].unregistered_at is not None
+    assert devices["d2"].unregistered_at is None
+
+
+async def test_access_token_is_reused_until_near_expiry_then_refetched(
+    settings: Settings, sandbox_state: SandboxState
+) -> None:
+    clock = FakeClock()
+    provider = FcmProvider(fcm_credentials(settings), clock=clock)
+    issued_before = sandbox_state.token_requests
+    try:
+        await provider.send_many([message(i, f"a-{i}") for i in range(20)])
+        await provider.send_many([message(i, f"b-{i}") for i in range(20)])
+        assert sandbox_state.token_requests - issued_before == 1
+        clock.now += 3599 - 301  # still more than the 300 s margin left
+        await provider.send_many([message(0, "c-0")])
+        assert sandbox_state.token_requests - issued_before == 1
+        clock.now += 2  # now inside the margin
+        [result] = await provider.send_many([message(0, "d-0")])
+        assert result.error_message == ""
+        assert sandbox_state.token_requests - issued_before == 2
+    finally:
+        await provider.aclose()
+    claims = sandbox_state.assertions[-1]["claims"]
+    assert sandbox_state.assertions[-1]["header"]["alg"] == "RS256"
+    assert claims["scope"] == "https://www.googleapis.com/auth/firebase.messaging"
+    assert claims["aud"] == settings.fcm_token_uri
+    assert claims["exp"] - claims["iat"] == 3600
+
+
+async def test_flaky_answer_is_retried_after_retry_after_and_delivered_once(
+    settings: Settings, sandbox: str
+) -> None:
+    provider = FcmProvider(fcm_credentials(settings), max_attempts=3)
+    started = time.monotonic()
+    try:
+        [result] = await provider.send_many([message(0, "flaky-once")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == ""
+    assert time.monotonic() - started >= 0.95  # the sandbox's Retry-After: 1
+    stats = httpx.get(f"{sandbox}/sandbox/stats").json()
+    assert stats["requests_per_token"]["flaky-once"] == 2
+    assert stats["per_token"] == {"flaky-once": 1}
+
+
+async def test_failing_provider_gives_push_failed_after_max_attempts(
+    settings: Settings, sandbox: str
+) -> None:
+    provider = FcmProvider(fcm_credentials(settings), max_attempts=3, backoff_base=0.01)
+    try:
+        [result] = await provider.send_many([message(0, "fail-always")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == "FPErrPushFailed" and result.sent_at is None
+    stats = httpx.get(f"{sandbox}/sandbox/stats").json()
+    assert stats["requests_per_token"]["fail-always"] == 3
+    assert stats["deliveries"] == 0
+
+
+async def test_payload_over_4_kb_or_unserialisable_is_never_sent(
+    settings: Settings, sandbox: str
+) -> None:
+    provider = FcmProvider(fcm_credentials(settings))
+    try:
+        results = await provider.send_many(
+            [
+                message(0, "big", body="x" * 4100),
+                message(1, "surrogate", body="bad \ud800"),
+                PushMessage(key=2, token="notstr", title="t", body="b", data={"n": 1}),  # type: ignore[dict-item]
+                message(3, "fine", body="y" * 3900),
+            ]
+        )
+    finally:
+        await provider.aclose()
+    assert [r.error_message for r in results] == ["FPErrJSONMarshalling"] * 3 + [""]
+    stats = httpx.get(f"{sandbox}/sandbox/stats").json()
+    assert stats["requests_per_token"] == {"fine": 1}
+
+
+async def test_refused_credentials_flag_the_app_and_stop_sending(
+    settings: Settings, android_app: App, sandbox: str
+) -> None:
+    denied = settings.model_copy(update={"fcm_project_id": "denied-project"})
+    provider = open_provider(Platform.android, settings=denied, app_id=android_app.app_id)
+    try:
+        results = await provider.send_many([message(i, f"tok-{i}") for i in range(100)])
+    finally:
+        await provider.aclose()
+    assert {r.error_message for r in results} == {"FPErrPushFailed"}
+    assert provider.auth_failed
+    with session_scope() as session:
+        app = session.exec(select(App).where(App.app_id == android_app.app_id)).one()
+    assert app.provider_auth_failed_at is not None
+    assert httpx.get(f"{sandbox}/sandbox/stats").json()["requests"] <= 32  # one per worker
+
+
+async def test_service_account_file_is_used_and_a_refused_one_flags_the_app(
+    settings: Settings, android_app: App, tmp_path: Path, sandbox_state: SandboxState
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    info = {
+        "type": "service_account",
+        "project_id": "file-project",
+        "private_key_id": "abc123",
+        "private_key": pem,
+        "client_email": "pusher@file-project.iam.gserviceaccount.com",
+        "token_uri": "https://oauth2.googleapis.com/token",
+    }
+    path = tmp_path / "sa.json"
+    path.write_text(json.dumps(info))
+    configured = settings.model_copy(update={"fcm_credentials_file": str(path)})
+    assert fcm_credentials(configured).token_uri == settings.fcm_token_uri  # explicit wins
+    assert pem not in repr(fcm_credentials(configured))
+    provider = open_provider(Platform.android, settings=configured, app_id=android_app.app_id)
+    try:
+        [result] = await provider.send_many([message(0, "ok-file")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == ""
+    assert sandbox_state.assertions[-1]["claims"]["iss"] == info["client_email"]
+    assert sandbox_state.assertions[-1]["header"]["kid"] == "abc123"
+
+    path.write_text(json.dumps({**info, "client_email": "denied@file-project.iam"}))
+    provider = open_provider(Platform.android, settings=configured, app_id=android_app.app_id)
+    try:
+        [result] = await provider.send_many([message(0, "ok-file-2")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == "FPErrPushFailed" and provider.auth_failed
+    with session_scope() as session:
+        app = session.exec(select(App).where(App.app_id == android_app.app_id)).one()
+    assert app.provider_auth_failed_at is not None
+
+
+async def test_unreachable_provider_is_retried_then_push_failed(
+    settings: Settings, closed_port: int
+) -> None:
+    unreachable = settings.model_copy(update={"fcm_base_url": f"http://127.0.0.1:{closed_port}"})
+    provider = FcmProvider(fcm_credentials(unreachable), max_attempts=2, backoff_base=0.01)
+    try:
+        [result] = await provider.send_many([message(0, "ok-nowhere")])
+    finally:
+        await provider.aclose()
+    assert result.error_message == "FPErrPushFailed"
+    assert not provider.auth_failed
