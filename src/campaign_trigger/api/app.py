@@ -1,7 +1,16 @@
-"""The FastAPI application: routers, error handlers and the health check."""
+"""The FastAPI application: routers, error handlers, the quota header and the health check.
+
+Run it with ``uvicorn --factory campaign_trigger.api.app:create_app`` (or
+``campaign-trigger api``). When ``PREFECT_API_URL`` names a server, the app also runs
+the scheduling outbox's reconciler, which turns accepted requests into flow runs.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -10,8 +19,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from campaign_trigger import __version__
-from campaign_trigger.api import devices
-from campaign_trigger.api.errors import install_error_handlers
+from campaign_trigger.api import auth, campaigns, files
+from campaign_trigger.api.errors import customise_openapi, install_error_handlers
+from campaign_trigger.api.middleware import QuotaHeaderMiddleware
 from campaign_trigger.store.db import get_engine
 
 
@@ -38,18 +48,42 @@ async def _prefect_ok() -> bool:
     return response.status_code == 200
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    """Run the outbox reconciler beside the API when a Prefect server is configured."""
+    if not os.environ.get("PREFECT_API_URL") or os.environ.get("CT_API_RECONCILER") == "0":
+        yield
+        return
+    from campaign_trigger.services import scheduling
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(scheduling.run_reconciler(stop=stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=5)
+
+
 def create_app() -> FastAPI:
     """Build the API application."""
     app = FastAPI(
         title="campaign-trigger",
         version=__version__,
         description="Send batches of transactional push and in-app messages through "
-        'API-trigger campaigns. Every non-200 answer is `{"error_message": "..."}`.',
+        'API-trigger campaigns. Every non-200 answer is `{"error_message": "..."}`. '
+        "Calls to create, cancel, list and report take one unit of the organisation's "
+        "request quota each; their answers carry `X-Quota-Remaining`.",
+        lifespan=_lifespan,
     )
     install_error_handlers(app)
-    app.include_router(devices.router)
+    app.add_middleware(QuotaHeaderMiddleware)
+    app.include_router(auth.router)
+    app.include_router(campaigns.router)
+    app.include_router(files.router)
 
-    @app.get("/health", tags=["health"])
+    @app.get("/health", tags=["health"], responses={503: {"description": "Database down"}})
     async def read_health() -> JSONResponse:
         """The state of the database and of the Prefect server."""
         database = _database_ok()
@@ -62,4 +96,5 @@ def create_app() -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if database else 503)
 
+    customise_openapi(app, extra_models=campaigns.BODY_MODELS)
     return app

@@ -1,23 +1,55 @@
-"""The one place that maps errors to HTTP: every non-200 answer is ``{"error_message": ...}``."""
+"""The one place that maps errors to HTTP: every non-200 answer is ``{"error_message": ...}``.
+
+Domain errors (:mod:`campaign_trigger.errors`) carry their status; FastAPI's
+validation errors become 400s (documented as such: the 422 entries are removed from
+the OpenAPI page); unknown routes and wrong methods keep their 404/405.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from campaign_trigger.errors import CampaignTriggerError, QuotaExceeded
 
 log = logging.getLogger(__name__)
 
+REF_TEMPLATE = "#/components/schemas/{model}"
+
+_HTTP_MESSAGES = {
+    404: "Not found",
+    405: "Method not allowed",
+}
+
 
 def error_response(
     status_code: int, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"error_message": message}, status_code=status_code, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    first: dict[str, Any] = errors[0] if errors else {}
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
+    where = location[-1] if location else ""
+    kind = location[0] if location else ""
+    what = str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return "Malformed JSON body"
+    if kind in ("query", "path", "header") and where:
+        return f"Invalid {kind} parameter '{where}': {what}"
+    if where:
+        return f"Invalid body member '{'.'.join(location)}': {what}"
+    return f"Invalid request: {what}"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -32,17 +64,61 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = exc.detail if isinstance(exc.detail, str) else "Request refused"
+        message = _HTTP_MESSAGES.get(exc.status_code) or (
+            exc.detail if isinstance(exc.detail, str) else "Request refused"
+        )
         return error_response(exc.status_code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = f"Invalid request: {where}: {first.get('msg', 'invalid')}".replace(": :", ":")
-        return error_response(400, message)
+        return error_response(400, _validation_message(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return error_response(500, "Internal server error")
+
+
+def customise_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] = ()) -> None:
+    """Document 400 (our validation answer) instead of FastAPI's default 422, and add
+    the models that hand-read bodies refer to (``#/components/schemas/<Model>``)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                responses = operation.get("responses", {})
+                if responses.pop("422", None) is not None and "400" not in responses:
+                    responses["400"] = {
+                        "description": "Invalid parameters",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/ErrorBody"}
+                            }
+                        },
+                    }
+        components = schema.get("components", {}).get("schemas", {})
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        for model in extra_models:
+            definition = model.model_json_schema(ref_template=REF_TEMPLATE)
+            for name, nested in definition.pop("$defs", {}).items():
+                components.setdefault(name, nested)
+            components.setdefault(model.__name__, definition)
+        components.setdefault(
+            "ErrorBody",
+            {
+                "title": "ErrorBody",
+                "type": "object",
+                "required": ["error_message"],
+                "properties": {"error_message": {"type": "string", "title": "Error Message"}},
+            },
+        )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,58 @@
+"""Sign-in and sign-out: ``POST /users/sign_in`` (and ``.json``), ``DELETE /users/sign_out``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from starlette.status import HTTP_204_NO_CONTENT
+
+from campaign_trigger.api.deps import CurrentAccount, SessionDep, SettingsDep
+from campaign_trigger.api.responses import errors
+from campaign_trigger.schemas.api import SignedIn, SignInBody
+from campaign_trigger.services.auth import (
+    authenticate,
+    issue_token,
+    organisation_name,
+    revoke_token,
+)
+
+router = APIRouter(prefix="/users", tags=["authentication"])
+
+_SIGN_IN_RESPONSES = {
+    200: {
+        "description": "Signed in; the token is in the `Authorization` header.",
+        "headers": {
+            "Authorization": {
+                "description": "`Bearer <ACCESS_TOKEN>`, to send unchanged on later calls.",
+                "schema": {"type": "string"},
+            }
+        },
+    },
+    **errors(400, 401),
+}
+
+
+@router.post("/sign_in", responses=_SIGN_IN_RESPONSES)
+@router.post(
+    "/sign_in.json",
+    responses=_SIGN_IN_RESPONSES,
+    include_in_schema=True,
+    operation_id="create_session_json",
+)
+def create_session(
+    body: SignInBody, session: SessionDep, settings: SettingsDep, response: Response
+) -> SignedIn:
+    """Sign in with e-mail and password; the access token comes back in `Authorization`."""
+    account = authenticate(session=session, email=body.user.email, password=body.user.password)
+    response.headers["Authorization"] = f"Bearer {issue_token(settings=settings, account=account)}"
+    return SignedIn(
+        email=account.email,
+        role=account.role.value,
+        organisation=organisation_name(session=session, org_id=account.org_id),
+    )
+
+
+@router.delete("/sign_out", status_code=HTTP_204_NO_CONTENT, responses=errors(401))
+def delete_session(identity: CurrentAccount, session: SessionDep) -> Response:
+    """Sign out: the token used for this call is refused from now on."""
+    revoke_token(session=session, identity=identity)
+    return Response(status_code=HTTP_204_NO_CONTENT)

@@ -1,0 +1,205 @@
+"""The trigger API of the spec: create, cancel, scheduled list, report."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+
+from campaign_trigger.api.deps import QuotaAccount, Sender, SettingsDep, StorageDep
+from campaign_trigger.api.responses import QUOTA_HEADERS, errors
+from campaign_trigger.api.uploads import (
+    PLAIN_BODY,
+    check_declared_length,
+    media_type,
+    read_form_input,
+    read_json_input,
+)
+from campaign_trigger.config import Settings
+from campaign_trigger.errors import InvalidInput
+from campaign_trigger.schemas.api import (
+    Reports,
+    RequestCreated,
+    RequestOut,
+    ScheduledList,
+    TriggerForm,
+    TriggerJson,
+)
+from campaign_trigger.services import lifecycle
+from campaign_trigger.services.requests import create_request, request_bodies
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.files import upload_key
+from campaign_trigger.store.models import Request as RequestRow
+from campaign_trigger.store.models import new_id
+
+router = APIRouter(prefix="/api/campaigns", tags=["campaigns"])
+
+NO_REQUEST_ID = "You must provide a request_id"
+REQUEST_ID_NOT_STRING = "Request identifier must be a String"
+MAX_IDEMPOTENCY_KEY = 200
+
+
+def _ok(model: type[Any], description: str, **headers: Any) -> dict[int | str, Any]:
+    return {
+        200: {"model": model, "description": description, "headers": {**QUOTA_HEADERS, **headers}}
+    }
+
+
+BODY_MODELS = (TriggerJson, TriggerForm)
+_TRIGGER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/TriggerJson"}},
+            "multipart/form-data": {
+                "schema": {"$ref": "#/components/schemas/TriggerForm"},
+                "encoding": {"file": {"contentType": "text/csv"}},
+            },
+        },
+    }
+}
+
+
+@router.post(
+    "/trigger",
+    response_model=RequestCreated,
+    responses={
+        **_ok(RequestCreated, "The request is accepted"),
+        **errors(400, 401, 403, 409, 413, 429),
+    },
+    openapi_extra=_TRIGGER_BODY,
+)
+async def create_trigger_request(
+    request: Request,
+    identity: Sender,
+    settings: SettingsDep,
+    storage: StorageDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            description="Repeat a call safely: the same key and body return the first "
+            "request's id and create nothing.",
+            max_length=MAX_IDEMPOTENCY_KEY,
+        ),
+    ] = None,
+) -> RequestCreated:
+    """Create a request: JSON messages, or a CSV file as multipart form-data."""
+    kind = media_type(request)
+    check_declared_length(request, limit=settings.max_upload_bytes)
+    request_id = new_id()
+    if kind == "application/json" or kind.endswith("+json"):
+        trigger = await read_json_input(request, idempotency_key=idempotency_key)
+    elif kind == "multipart/form-data":
+        trigger = await read_form_input(
+            request,
+            storage=storage,
+            key=upload_key(request_id),
+            max_bytes=settings.max_upload_bytes,
+            idempotency_key=idempotency_key,
+        )
+    else:
+        raise InvalidInput(PLAIN_BODY)
+    created = await to_thread.run_sync(
+        lambda: create_request(
+            settings=settings,
+            storage=storage,
+            org_id=identity.org_id,
+            request_id=request_id,
+            trigger=trigger,
+        )
+    )
+    return RequestCreated(request_id=created)
+
+
+def _bodies(
+    settings: Settings, requests: list[RequestRow], *, with_campaign: bool
+) -> list[dict[str, Any]]:
+    with session_scope() as session:
+        return request_bodies(
+            session=session, settings=settings, requests=requests, with_campaign=with_campaign
+        )
+
+
+@router.put(
+    "/request/{request_id}/cancel",
+    response_model=RequestOut,
+    responses={
+        **_ok(RequestOut, "The request as created, now cancelled"),
+        **errors(400, 401, 403, 429),
+    },
+)
+async def cancel_trigger_request(
+    request_id: Annotated[str, Path(description="The request to cancel.")],
+    identity: Sender,
+    settings: SettingsDep,
+) -> dict[str, Any]:
+    """Cancel a request that has not started; returns the request as created."""
+    cancelled = await lifecycle.cancel_request(org_id=identity.org_id, request_id=request_id)
+    bodies = await to_thread.run_sync(lambda: _bodies(settings, [cancelled], with_campaign=True))
+    return bodies[0]
+
+
+@router.get(
+    "/{campaign_id}/request/scheduled",
+    response_model=ScheduledList,
+    responses={
+        **_ok(
+            ScheduledList,
+            "One page of the campaign's scheduled requests",
+            **{
+                "X-Total-Count": {
+                    "description": "Scheduled requests in all pages.",
+                    "schema": {"type": "integer"},
+                }
+            },
+        ),
+        **errors(400, 401, 429),
+    },
+)
+async def read_scheduled_requests(
+    campaign_id: Annotated[str, Path(description="The campaign.")],
+    identity: QuotaAccount,
+    settings: SettingsDep,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 50,
+    offset: Annotated[int, Query(ge=0, le=10**9, description="Requests to skip.")] = 0,
+) -> dict[str, Any]:
+    """List a campaign's scheduled requests, soonest first."""
+    requests, total = await lifecycle.scheduled_requests(
+        org_id=identity.org_id, campaign_id=campaign_id, limit=limit, offset=offset
+    )
+    bodies = await to_thread.run_sync(lambda: _bodies(settings, requests, with_campaign=False))
+    response.headers["X-Total-Count"] = str(total)
+    return {"campaign_id": campaign_id, "requests": bodies}
+
+
+def _request_id_param(request: Request) -> str:
+    """The single ``request_id`` query parameter (spec messages when absent or not a string)."""
+    params = request.query_params
+    values = params.getlist("request_id")
+    array_style = any(k.startswith("request_id[") for k in params)
+    if len(values) > 1 or array_style:
+        raise InvalidInput(REQUEST_ID_NOT_STRING)
+    if not values or not values[0].strip():
+        raise InvalidInput(NO_REQUEST_ID)
+    return values[0]
+
+
+@router.get(
+    "/report",
+    response_model=Reports,
+    responses={
+        **_ok(Reports, "Links to the request's CSV reports, valid 1 hour"),
+        **errors(400, 401, 429),
+    },
+)
+async def read_report(
+    request: Request,
+    identity: QuotaAccount,
+    request_id: Annotated[str | None, Query(description="The request.")] = None,
+) -> Reports:
+    """Get links to a processed request's report files."""
+    wanted = _request_id_param(request)
+    links = await lifecycle.report_links(org_id=identity.org_id, request_id=wanted)
+    return Reports(request_id=wanted, reports=links)

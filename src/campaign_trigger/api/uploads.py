@@ -1,0 +1,256 @@
+"""Reading a trigger call's body: JSON, or multipart form-data streamed part by part.
+
+The multipart stream is parsed with ``python_multipart``'s streaming parser over
+``request.stream()``: the file part under the key ``file`` goes straight to storage
+(:class:`~campaign_trigger.services.ingest.UploadWriter`, 1 MB pieces written from a
+worker thread), form fields are kept (small, bounded). Nothing is spooled, and the
+body is counted against the upload limit as it arrives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from anyio import to_thread
+from fastapi import Request
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+
+from campaign_trigger.errors import InvalidInput, PayloadTooLarge
+from campaign_trigger.services.ingest import TOO_LARGE, UploadWriter
+from campaign_trigger.services.requests import (
+    MISSING,
+    StoredUpload,
+    TriggerInput,
+    UnreadableMessages,
+    body_hash,
+)
+from campaign_trigger.store.files import Storage
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
+
+MAX_JSON_BYTES = 32 << 20
+MAX_FIELD_BYTES = 16 << 20
+MAX_PARTS = 32
+FILE_KEY = "file"
+PLAIN_BODY = (
+    "The CSV file must be attached as multipart/form-data under the form key 'file' "
+    "(a plain request body is not accepted); JSON messages need Content-Type: "
+    "application/json"
+)
+MALFORMED_JSON = "Malformed JSON body"
+MALFORMED_FORM = "Malformed multipart/form-data body"
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def check_declared_length(request: Request, *, limit: int) -> None:
+    """413 before reading anything when Content-Length says the body is too large."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(TOO_LARGE.format(limit))
+
+
+async def read_json_input(request: Request, *, idempotency_key: str | None) -> TriggerInput:
+    """A JSON trigger call (method A)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_JSON_BYTES:
+            raise PayloadTooLarge(
+                f"The JSON body is larger than {MAX_JSON_BYTES} bytes; send a CSV file"
+            )
+        chunks.append(chunk)
+    try:
+        payload = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(MALFORMED_JSON) from exc
+    if not isinstance(payload, dict):
+        raise InvalidInput("The JSON body must be an object")
+    return TriggerInput(
+        campaign_id=payload.get("campaign_id", MISSING),
+        send_at=payload.get("send_at"),
+        messages=payload.get("messages", MISSING),
+        file_member="file" in payload,
+        idempotency_key=idempotency_key,
+        body_hash=body_hash(payload) if idempotency_key else None,
+    )
+
+
+@dataclass
+class _Part:
+    headers: dict[str, str] = field(default_factory=dict)
+    name: str = ""
+    filename: str | None = None
+    content_type: str | None = None
+    data: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+
+class _FormReceiver:
+    """Callbacks of the multipart parser; collects fields, feeds the file to the writer."""
+
+    def __init__(self, writer: UploadWriter) -> None:
+        self.writer = writer
+        self.fields: dict[str, list[str]] = {}
+        self.file_names: list[str] = []
+        self.upload: _Part | None = None
+        self.parts = 0
+        self.flush_due = False
+        self._part = _Part()
+        self._header_field = b""
+        self._header_value = b""
+
+    def callbacks(self) -> dict[str, Any]:
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": self.on_header_field,
+            "on_header_value": self.on_header_value,
+            "on_header_end": self.on_header_end,
+            "on_headers_finished": self.on_headers_finished,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+        }
+
+    def on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise InvalidInput(f"Too many form parts (at most {MAX_PARTS})")
+        self._part = _Part()
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        name = self._header_field.decode("latin-1").strip().lower()
+        self._part.headers[name] = self._header_value.decode("utf-8", "replace").strip()
+        self._header_field = self._header_value = b""
+
+    def on_headers_finished(self) -> None:
+        part = self._part
+        _, options = parse_options_header(part.headers.get("content-disposition", ""))
+        part.name = options.get(b"name", b"").decode("utf-8", "replace")
+        filename = options.get(b"filename")
+        part.filename = filename.decode("utf-8", "replace") if filename is not None else None
+        part.content_type = part.headers.get("content-type")
+        if part.filename is not None:
+            self.file_names.append(part.name)
+            if part.name == FILE_KEY and self.upload is None:
+                self.upload = part
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        part = self._part
+        part.size += end - start
+        if part is self.upload:
+            self.flush_due = self.writer.add(data[start:end]) or self.flush_due
+        elif part.filename is None:
+            if part.size > MAX_FIELD_BYTES:
+                raise PayloadTooLarge(f"The form field {part.name!r} is too large")
+            part.data.append(data[start:end])
+        # other files (not under `file`) are counted and dropped
+
+    def on_part_end(self) -> None:
+        part = self._part
+        if part.filename is None:
+            try:
+                value = b"".join(part.data).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInput(f"The form field {part.name!r} is not UTF-8") from exc
+            self.fields.setdefault(part.name, []).append(value)
+
+
+def _field(fields: dict[str, list[str]], name: str) -> object:
+    """A form field's value; a repeated or array-style field is a list (not a string)."""
+    values = fields.get(name, []) + fields.get(f"{name}[]", [])
+    if not values:
+        return MISSING
+    if len(values) > 1 or f"{name}[]" in fields:
+        return values
+    return values[0]
+
+
+async def read_form_input(
+    request: Request, *, storage: Storage, key: str, max_bytes: int, idempotency_key: str | None
+) -> TriggerInput:
+    """A multipart trigger call (method B); the file is stored under ``key``.
+
+    On any error the partial upload is deleted before the error propagates.
+    """
+    _, options = parse_options_header(request.headers.get("content-type", ""))
+    boundary = options.get(b"boundary")
+    if not boundary:
+        raise InvalidInput(f"{MALFORMED_FORM}: no boundary")
+    writer = UploadWriter(
+        storage=storage, key=key, max_bytes=max_bytes, hash_content=idempotency_key is not None
+    )
+    receiver = _FormReceiver(writer)
+    parser = MultipartParser(boundary, cast("MultipartCallbacks", receiver.callbacks()))
+    received = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > max_bytes:
+                raise PayloadTooLarge(TOO_LARGE.format(max_bytes))
+            try:
+                parser.write(chunk)
+            except MultipartParseError as exc:
+                raise InvalidInput(MALFORMED_FORM) from exc
+            if receiver.flush_due:
+                receiver.flush_due = False
+                await to_thread.run_sync(writer.flush)
+            if parser.state == MultipartState.END:
+                break
+        if parser.state != MultipartState.END:
+            raise InvalidInput(f"{MALFORMED_FORM}: the body ends before its closing boundary")
+        await to_thread.run_sync(writer.close if receiver.upload is not None else writer.discard)
+    except BaseException:
+        await to_thread.run_sync(writer.discard)
+        raise
+    trigger = _trigger_from_form(receiver, writer, key=key, idempotency_key=idempotency_key)
+    if trigger.upload is None and receiver.upload is not None:
+        await to_thread.run_sync(writer.discard)  # an empty file input: no file
+    return trigger
+
+
+def _trigger_from_form(
+    receiver: _FormReceiver, writer: UploadWriter, *, key: str, idempotency_key: str | None
+) -> TriggerInput:
+    fields = receiver.fields
+    upload: StoredUpload | None = None
+    part = receiver.upload
+    if part is not None and not (part.size == 0 and not part.filename):
+        upload = StoredUpload(
+            key=key,
+            filename=part.filename,
+            content_type=part.content_type,
+            head=writer.head,
+            size=writer.size,
+        )
+    messages: object = _field(fields, "messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except ValueError:
+            messages = UnreadableMessages()
+    digest = None
+    if idempotency_key:
+        digest = body_hash({"fields": fields, "file": writer.sha256 if upload else None})
+    send_at = _field(fields, "send_at")
+    return TriggerInput(
+        campaign_id=_field(fields, "campaign_id"),
+        send_at=None if send_at is MISSING or send_at == "" else send_at,
+        messages=messages,
+        upload=upload,
+        idempotency_key=idempotency_key,
+        body_hash=digest,
+        misnamed_file=upload is None and any(n != FILE_KEY for n in receiver.file_names),
+    )

@@ -1,0 +1,148 @@
+"""Accounts and tokens: password checks, JWT access tokens (HS256), sign-out revocation.
+
+A token names its account (``sub``), organisation and a unique ``jti``; it expires after
+``settings.token_ttl_seconds``. Signing out stores the ``jti`` in ``RevokedToken`` until
+the token would have expired anyway. The account is read again on every call, so a
+deleted account or a changed role takes effect at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import jwt
+from sqlmodel import Session, col, delete, select
+
+from campaign_trigger.config import Settings
+from campaign_trigger.errors import Forbidden, Unauthenticated
+from campaign_trigger.services.passwords import hash_password, verify_password
+from campaign_trigger.store.models import Account, Organisation, RevokedToken, Role
+
+__all__ = [
+    "SENDER_ROLES",
+    "Identity",
+    "authenticate",
+    "hash_password",
+    "identity_from_token",
+    "issue_token",
+    "require_sender",
+    "revoke_token",
+    "verify_password",
+]
+
+ALGORITHM = "HS256"
+BAD_CREDENTIALS = "Invalid email or password"
+BAD_TOKEN = "Invalid or missing access token"  # noqa: S105 (a message)
+EXPIRED_TOKEN = "The access token has expired, please sign in again"  # noqa: S105
+SENDER_ROLES = frozenset({Role.owner, Role.admin, Role.member})
+
+# Checked when the e-mail is unknown, so that both failures take the same time.
+_DUMMY_HASH = hash_password("not-a-real-password")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: the account, its organisation and the token's id and expiry."""
+
+    account_id: int
+    org_id: int
+    email: str
+    role: Role
+    jti: str
+    expires_at: datetime
+
+
+def authenticate(*, session: Session, email: str, password: str) -> Account:
+    """The account with these credentials; Unauthenticated (same message) otherwise."""
+    email = email.strip().lower()
+    account = session.exec(select(Account).where(Account.email == email)).first()
+    if account is None:
+        verify_password(_DUMMY_HASH, password)
+        raise Unauthenticated(BAD_CREDENTIALS)
+    if not verify_password(account.password_hash, password):
+        raise Unauthenticated(BAD_CREDENTIALS)
+    return account
+
+
+def issue_token(*, settings: Settings, account: Account, now: datetime | None = None) -> str:
+    """A signed access token for ``account``."""
+    issued = now or datetime.now(UTC)
+    claims: dict[str, Any] = {
+        "sub": str(account.id),
+        "org": account.org_id,
+        "jti": uuid.uuid4().hex,
+        "iat": int(issued.timestamp()),
+        "exp": int((issued + timedelta(seconds=settings.token_ttl_seconds)).timestamp()),
+    }
+    return jwt.encode(claims, settings.secret(), algorithm=ALGORITHM)
+
+
+def _claims(*, settings: Settings, token: str) -> dict[str, Any]:
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            settings.secret(),
+            algorithms=[ALGORITHM],
+            options={"require": ["sub", "jti", "exp", "iat"]},
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise Unauthenticated(EXPIRED_TOKEN) from exc
+    except jwt.InvalidTokenError as exc:
+        raise Unauthenticated(BAD_TOKEN) from exc
+    if not isinstance(claims["sub"], str) or not isinstance(claims["jti"], str):
+        raise Unauthenticated(BAD_TOKEN)
+    return claims
+
+
+def identity_from_token(*, session: Session, settings: Settings, token: str) -> Identity:
+    """The caller a token names; Unauthenticated when forged, expired, revoked or orphaned."""
+    claims = _claims(settings=settings, token=token)
+    if session.get(RevokedToken, claims["jti"]) is not None:
+        raise Unauthenticated(BAD_TOKEN)
+    try:
+        account_id = int(claims["sub"])
+    except ValueError as exc:
+        raise Unauthenticated(BAD_TOKEN) from exc
+    account = session.get(Account, account_id)
+    if account is None or account.id is None:
+        raise Unauthenticated(BAD_TOKEN)
+    return Identity(
+        account_id=account.id,
+        org_id=account.org_id,
+        email=account.email,
+        role=Role(account.role),
+        jti=claims["jti"],
+        expires_at=datetime.fromtimestamp(int(claims["exp"]), UTC),
+    )
+
+
+def identity_from_header(
+    *, session: Session, settings: Settings, authorization: str | None
+) -> Identity:
+    """The caller named by an ``Authorization: Bearer <token>`` header value."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated(BAD_TOKEN)
+    return identity_from_token(session=session, settings=settings, token=token.strip())
+
+
+def revoke_token(*, session: Session, identity: Identity, now: datetime | None = None) -> None:
+    """Sign out: the token is refused from now on. Forgets tokens that expired anyway."""
+    moment = now or datetime.now(UTC)
+    session.exec(delete(RevokedToken).where(col(RevokedToken.expires_at) < moment))
+    if session.get(RevokedToken, identity.jti) is None:
+        session.add(RevokedToken(jti=identity.jti, expires_at=identity.expires_at))
+
+
+def organisation_name(*, session: Session, org_id: int) -> str:
+    org = session.get(Organisation, org_id)
+    return org.name if org is not None else ""
+
+
+def require_sender(identity: Identity) -> None:
+    """Forbidden unless the role may create or cancel requests."""
+    if identity.role not in SENDER_ROLES:
+        raise Forbidden(f"The role {identity.role.value} may not send or cancel requests")
