@@ -107,7 +107,8 @@ async def test_jwt_is_reused_for_its_window_then_renewed(settings: Settings) -> 
         await provider.aclose()
     header = jwt.get_unverified_header(first)
     claims = jwt.decode(first, options={"verify_signature": False})
-    assert header["alg"] == "ES256" and header["kid"]
+    assert header["alg"] == "ES256"
+    assert header["kid"]
     assert set(claims) == {"iss", "iat"}
 
 

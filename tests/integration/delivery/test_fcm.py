@@ -102,7 +102,8 @@ async def test_unregistered_token_is_recorded_on_the_device(
         gone, ok = await provider.send_many([message(0, "unregistered-9"), message(1, "ok-9")])
     finally:
         await provider.aclose()
-    assert gone.error_message == "FPErrTokenUnregistered" and ok.error_message == ""
+    assert gone.error_message == "FPErrTokenUnregistered"
+    assert ok.error_message == ""
     with session_scope() as session:
         devices = {
             d.device_id: d
@@ -162,7 +163,8 @@ async def test_failing_provider_gives_push_failed_after_max_attempts(
         [result] = await provider.send_many([message(0, "fail-always")])
     finally:
         await provider.aclose()
-    assert result.error_message == "FPErrPushFailed" and result.sent_at is None
+    assert result.error_message == "FPErrPushFailed"
+    assert result.sent_at is None
     stats = httpx.get(f"{sandbox}/sandbox/stats").json()
     assert stats["requests_per_token"]["fail-always"] == 3
     assert stats["deliveries"] == 0
@@ -240,7 +242,8 @@ async def test_service_account_file_is_used_and_a_refused_one_flags_the_app(
         [result] = await provider.send_many([message(0, "ok-file-2")])
     finally:
         await provider.aclose()
-    assert result.error_message == "FPErrPushFailed" and provider.auth_failed
+    assert result.error_message == "FPErrPushFailed"
+    assert provider.auth_failed
     with session_scope() as session:
         app = session.exec(select(App).where(App.app_id == android_app.app_id)).one()
     assert app.provider_auth_failed_at is not None
