@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from campaign_trigger import __version__
-from campaign_trigger.api import auth, campaigns, files
+from campaign_trigger.api import auth, campaigns, devices, files
 from campaign_trigger.api.errors import customise_openapi, install_error_handlers
 from campaign_trigger.api.middleware import QuotaHeaderMiddleware
 from campaign_trigger.store.db import get_engine
@@ -82,6 +82,7 @@ def create_app() -> FastAPI:
     app.include_router(auth.router)
     app.include_router(campaigns.router)
     app.include_router(files.router)
+    app.include_router(devices.router)
 
     @app.get("/health", tags=["health"], responses={503: {"description": "Database down"}})
     async def read_health() -> JSONResponse:
