@@ -11,7 +11,7 @@ Two flavours with the same methods: :class:`TriggerClient` (blocking) and
 A CSV file is streamed as multipart form-data (never read whole into memory).
 Pass ``transport=`` to swap the network, e.g. ``httpx.MockTransport`` in tests.
 
-Every answer other than 200 raises one exception of this tree, carrying the
+Every refusal (any status but 2xx) raises one exception of this tree, carrying the
 server's ``error_message`` and the HTTP ``status_code``::
 
     TriggerAPIError             any refused call
@@ -259,7 +259,7 @@ def _segment(value: str) -> str:
 
 
 def _checked(response: httpx.Response) -> httpx.Response:
-    if response.status_code != 200:
+    if not response.is_success:  # 200, or 204 for sign-out
         raise _error_for(response)
     return response
 
