@@ -257,6 +257,14 @@ def worker(concurrency: Annotated[int, typer.Option(help="Runs executed at once.
     worker_main(concurrency=concurrency)
 
 
+@app.command()
+def runner(limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 4) -> None:
+    """Serve the send-batch, daily-csv-batch and maintenance deployments."""
+    from campaign_trigger.deployments.runner import main as runner_main
+
+    runner_main(limit=limit)
+
+
 def main() -> None:
     app(prog_name="campaign-trigger")
 
