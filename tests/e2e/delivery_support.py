@@ -75,27 +75,52 @@ def seed_tenant(*, channel: Channel = Channel.push) -> Tenant:
         session.add(org)
         session.flush()
         assert org.id is not None
-        android = App(app_id=f"android-{tag}", org_id=org.id, platform=Platform.android,
-                      sdk_key=f"sdk-a-{tag}")
-        ios = App(app_id=f"ios-{tag}", org_id=org.id, platform=Platform.ios,
-                  sdk_key=f"sdk-i-{tag}")
-        campaign = Campaign(org_id=org.id, channel=channel, state=CampaignState.started,
-                            title=TITLE, body=BODY, variables=["first_name", "order_id"])
+        android = App(
+            app_id=f"android-{tag}",
+            org_id=org.id,
+            platform=Platform.android,
+            sdk_key=f"sdk-a-{tag}",
+        )
+        ios = App(app_id=f"ios-{tag}", org_id=org.id, platform=Platform.ios, sdk_key=f"sdk-i-{tag}")
+        campaign = Campaign(
+            org_id=org.id,
+            channel=channel,
+            state=CampaignState.started,
+            title=TITLE,
+            body=BODY,
+            variables=["first_name", "order_id"],
+        )
         session.add_all([android, ios, campaign])
         session.flush()
-        session.add_all([CampaignApp(campaign_id=campaign.id, app_id=android.app_id),
-                         CampaignApp(campaign_id=campaign.id, app_id=ios.app_id)])
-        return Tenant(org_id=org.id, campaign_id=campaign.id, android=android.app_id,
-                      ios=ios.app_id, channel=channel)
+        session.add_all(
+            [
+                CampaignApp(campaign_id=campaign.id, app_id=android.app_id),
+                CampaignApp(campaign_id=campaign.id, app_id=ios.app_id),
+            ]
+        )
+        return Tenant(
+            org_id=org.id,
+            campaign_id=campaign.id,
+            android=android.app_id,
+            ios=ios.app_id,
+            channel=channel,
+        )
 
 
 def add_devices(devices: Sequence[DeviceSpec]) -> None:
     now = datetime.now(UTC)
     rows = [
-        {"app_id": d.app_id, "device_id": d.device_id, "user_id": d.user_id,
-         "push_token": d.token, "opted_in": d.opted_in, "logged_in": d.logged_in,
-         "unregistered_at": now if d.unregistered else None, "uninstalled_at": None,
-         "updated_at": now}
+        {
+            "app_id": d.app_id,
+            "device_id": d.device_id,
+            "user_id": d.user_id,
+            "push_token": d.token,
+            "opted_in": d.opted_in,
+            "logged_in": d.logged_in,
+            "unregistered_at": now if d.unregistered else None,
+            "uninstalled_at": None,
+            "updated_at": now,
+        }
         for d in devices
     ]
     with session_scope() as session:
@@ -121,7 +146,7 @@ def every_outcome_audience(tenant: Tenant) -> Audience:
     dev(a, f"u-optout-{tag}", f"optout-a-{tag}", opted_in=False)
     dev(i, f"u-loggedout-{tag}", f"loggedout-i-{tag}", logged_in=False)
     dev(a, f"u-gone-{tag}", f"gone-a-{tag}", unregistered=True)
-    aud.users = sorted({d.user_id for d in aud.devices}) + [f"u-nodevice-{tag}"]
+    aud.users = [*sorted({d.user_id for d in aud.devices}), f"u-nodevice-{tag}"]
     return aud
 
 
@@ -137,16 +162,27 @@ def bulk_audience(tenant: Tenant, *, users: int, prefix: str) -> Audience:
 def add_request(tenant: Tenant, users: Sequence[str], *, send_at: datetime) -> str:
     """A JSON request as create_request leaves it: persisted, in the outbox."""
     with session_scope() as session:
-        request = Request(org_id=tenant.org_id, campaign_id=tenant.campaign_id,
-                          send_at=send_at, source=MessageSource.json,
-                          message_count=len(users))
+        request = Request(
+            org_id=tenant.org_id,
+            campaign_id=tenant.campaign_id,
+            send_at=send_at,
+            source=MessageSource.json,
+            message_count=len(users),
+        )
         session.add(request)
         session.flush()
-        session.execute(insert(RequestMessage), [
-            {"request_id": request.id, "seq": n, "user_id": user,
-             "template_variables": {"first_name": f"N{n}", "order_id": f"=O{n}"}}
-            for n, user in enumerate(users)
-        ])
+        session.execute(
+            insert(RequestMessage),
+            [
+                {
+                    "request_id": request.id,
+                    "seq": n,
+                    "user_id": user,
+                    "template_variables": {"first_name": f"N{n}", "order_id": f"=O{n}"},
+                }
+                for n, user in enumerate(users)
+            ],
+        )
         return request.id
 
 
@@ -163,6 +199,13 @@ async def read_run(request_id: str) -> FlowRun | None:
         return None
     async with get_client() as client:
         return await client.read_flow_run(uuid.UUID(flow_run_id))
+
+
+def state_name(run: FlowRun | None) -> str | None:
+    """The run's state type, e.g. ``"COMPLETED"`` (None if no run or no state)."""
+    if run is None or run.state is None:
+        return None
+    return str(run.state.type.value)
 
 
 async def wait_for_state(request_id: str, *types: str, timeout: float = 60) -> FlowRun:

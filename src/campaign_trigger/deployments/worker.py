@@ -48,7 +48,7 @@ from campaign_trigger.services import prefect_runs, scheduling
 from campaign_trigger.services.delivery_run import set_state
 from campaign_trigger.store.models import RequestState
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("campaign_trigger.deployments.worker")  # also under -m
 
 HEARTBEAT_PREFIX = "ct-worker-"
 
@@ -93,6 +93,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._ensure_deployments(stop)
+        logger.info("worker %s ready: polling every %.1f s", self.id, self.poll_seconds)
         loops = [self._poll_loop(stop), self._heartbeat_loop(stop), self._recovery_loop(stop)]
         if self.reconcile:
             loops.append(scheduling.run_reconciler(stop=stop, interval=self.poll_seconds))
@@ -273,7 +274,13 @@ async def run_worker(
 
 def main(*, concurrency: int = 4, **options: Any) -> None:
     """Run a worker until SIGINT/SIGTERM (in-flight runs finish first)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    package_logger = logging.getLogger("campaign_trigger")
+    if not package_logger.handlers:  # Prefect's logging setup leaves the root at WARNING
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        package_logger.addHandler(handler)
+        package_logger.setLevel(logging.INFO)
+        package_logger.propagate = False
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -1,0 +1,96 @@
+"""Fixtures for the delivery e2e tests: the real Prefect server of the session with our
+deployment, the sandbox providers (a thread of this process, so tests can read what it
+accepted), and delivery workers as real child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from campaign_trigger.config import get_settings
+from campaign_trigger.delivery.sandbox import running_sandbox
+from campaign_trigger.delivery.sandbox_rules import SandboxState
+from support import ManagedProcess, free_port
+
+
+@dataclass
+class Sandbox:
+    url: str
+    port: int
+    state: SandboxState
+
+    def delivered(self, tokens: list[str]) -> dict[str, int]:
+        per_token = dict(self.state.per_token)
+        return {token: per_token.get(token, 0) for token in tokens}
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[Sandbox]:
+    port = free_port()
+    os.environ["CT_SANDBOX_PORT"] = str(port)
+    get_settings.cache_clear()
+    with running_sandbox(port=port) as state:
+        yield Sandbox(url=f"http://127.0.0.1:{port}", port=port, state=state)
+
+
+@pytest.fixture(scope="session")
+def deployed_server(prefect_server: ManagedProcess) -> ManagedProcess:
+    from campaign_trigger.deployments.register import ensure_deployments
+
+    asyncio.run(ensure_deployments())
+    return prefect_server
+
+
+WorkerFactory = Callable[..., ManagedProcess]
+
+
+@pytest.fixture
+def start_worker(
+    deployed_server: ManagedProcess, sandbox: Sandbox, session_dir: Path
+) -> Iterator[WorkerFactory]:
+    """Start ``campaign-trigger worker`` processes (fast heartbeats; dead after 4 s)."""
+    workers: list[ManagedProcess] = []
+
+    def start(**env: str) -> ManagedProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "campaign_trigger.deployments.worker",
+            "--concurrency",
+            "4",
+            "--poll-seconds",
+            "0.3",
+            "--heartbeat-seconds",
+            "1",
+            "--stale-after-seconds",
+            "4",
+        ]
+        worker = ManagedProcess(
+            "worker",
+            argv,
+            log_dir=session_dir,
+            env={
+                "CT_SANDBOX_PORT": str(sandbox.port),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_LOGGING_LEVEL": "INFO",
+                **env,
+            },
+        )
+        workers.append(worker)
+        deadline = time.monotonic() + 60
+        while " ready: polling" not in worker.log_tail(200):
+            if worker.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{worker.log_tail()}")
+            time.sleep(0.1)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()

@@ -1,0 +1,144 @@
+"""Cancel, scheduled list and report links agree with the flow run's state in Prefect."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prefect import get_client
+from prefect.states import Cancelling
+
+from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
+from campaign_trigger.services.lifecycle import cancel_request, report_links, scheduled_requests
+from campaign_trigger.services.scheduling import drain_outbox, notify_new_request
+from campaign_trigger.store.models import RequestState
+from e2e.delivery_support import (
+    add_devices,
+    add_request,
+    bulk_audience,
+    load_request,
+    read_run,
+    seed_tenant,
+    wait_for_state,
+)
+from support import ManagedProcess
+
+
+def later(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+async def test_drain_creates_one_scheduled_run_per_request(deployed: ManagedProcess) -> None:
+    tenant = seed_tenant()
+    send_at = later(600)
+    request_id = add_request(tenant, ["u1", "u2"], send_at=send_at)
+    await drain_outbox()
+    first = await read_run(request_id)
+    assert first is not None
+    assert first.state is not None
+    assert first.state.type.value == "SCHEDULED"
+    assert first.parameters == {"request_id": request_id}
+    assert first.idempotency_key == request_id
+    assert first.name == request_id
+    assert first.state.state_details.scheduled_time is not None
+    assert abs((first.state.state_details.scheduled_time - send_at).total_seconds()) < 0.01
+    await drain_outbox()  # nothing left in the outbox: no second run
+    assert (await read_run(request_id)).id == first.id  # type: ignore[union-attr]
+
+
+async def test_cancel_of_a_scheduled_run_cancels_it_in_prefect(deployed: ManagedProcess) -> None:
+    tenant = seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    await drain_outbox()
+    listed, total = await scheduled_requests(
+        org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
+    )
+    assert [r.id for r in listed] == [request_id]
+    assert total == 1
+
+    cancelled = await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+    assert cancelled.id == request_id
+    run = await read_run(request_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.type.value == "CANCELLED"
+    assert load_request(request_id).state == RequestState.canceled
+    with pytest.raises(RequestStateError, match="Request already canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+    assert await scheduled_requests(
+        org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
+    ) == ([], 0)
+
+
+async def test_cancel_of_a_request_still_in_the_outbox_keeps_it_out_of_prefect(
+    deployed: ManagedProcess,
+) -> None:
+    tenant = seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    _listed, total = await scheduled_requests(
+        org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
+    )
+    assert total == 1  # in the outbox counts as scheduled
+
+    await cancel_request(org_id=tenant.org_id, request_id=request_id)
+    await drain_outbox()
+
+    assert load_request(request_id).flow_run_id is None
+    assert load_request(request_id).state == RequestState.canceled
+
+
+async def test_a_cancel_made_in_the_prefect_ui_is_the_same_cancel(
+    deployed: ManagedProcess,
+) -> None:
+    tenant = seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    await drain_outbox()
+    flow_run_id = load_request(request_id).flow_run_id
+    assert flow_run_id is not None
+    async with get_client() as client:  # what the UI's Cancel button does
+        await client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling())
+
+    assert await scheduled_requests(
+        org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
+    ) == ([], 0)
+    with pytest.raises(RequestStateError, match="Request already canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+    assert load_request(request_id).state == RequestState.canceled
+
+
+async def test_unknown_and_foreign_requests_and_campaigns_are_not_found(
+    deployed: ManagedProcess,
+) -> None:
+    tenant, other = seed_tenant(), seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    with pytest.raises(RequestNotFound):
+        await cancel_request(org_id=other.org_id, request_id=request_id)
+    with pytest.raises(RequestNotFound):
+        await report_links(org_id=tenant.org_id, request_id="nope")
+    with pytest.raises(
+        CampaignNotFound, match=f"Campaign with identifier {tenant.campaign_id} was not found"
+    ):
+        await scheduled_requests(
+            org_id=other.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
+        )
+
+
+async def test_report_links_wait_for_completion_then_sign_every_app(worker: None) -> None:
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=3, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=later(600))
+    with pytest.raises(RequestStateError, match="Request not processed yet"):
+        await report_links(org_id=tenant.org_id, request_id=request_id)
+
+    request_id = add_request(tenant, audience.users, send_at=later(0))
+    notify_new_request(request_id)
+    await wait_for_state(request_id, "COMPLETED", timeout=60)
+
+    links = await report_links(org_id=tenant.org_id, request_id=request_id)
+    assert len(links) == 2
+    assert all("/files/reports/" in link and "signature=" in link for link in links)
+    with pytest.raises(RequestStateError, match="Request can't be canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
