@@ -185,7 +185,7 @@ def _cut(view: memoryview | bytes, start: int, end: int) -> int:
     return -1 if cut < 0 else end - len(tail) + cut + 1
 
 
-def _mapped_windows(path: str) -> Iterator[tuple[memoryview, bool]]:
+def _mapped_windows(path: str, window_bytes: int) -> Iterator[tuple[memoryview, bool]]:
     """Windows of a local file, zero copy through a memory map; each window's pages
     are dropped from memory once parsed, so the process's RSS stays bounded."""
     with open(path, "rb") as handle:
@@ -197,13 +197,13 @@ def _mapped_windows(path: str) -> Iterator[tuple[memoryview, bool]]:
         try:
             start = 0
             while start < size:
-                end = min(size, start + WINDOW_BYTES)
+                end = min(size, start + window_bytes)
                 if end < size:
                     cut = _cut(view, start, end)
                     while cut < 0 and end < size:  # a line longer than a window
                         if end - start >= MAX_LINE_BYTES:
                             raise InvalidInput(READ_ERROR.format("a line is longer than 64 MB"))
-                        end = min(size, end + WINDOW_BYTES)
+                        end = min(size, end + window_bytes)
                         cut = end if end == size else _cut(view, start, end)
                     end = cut if cut > 0 else end
                 window = view[start:end]
@@ -221,12 +221,14 @@ def _mapped_windows(path: str) -> Iterator[tuple[memoryview, bool]]:
             mapped.close()
 
 
-def _streamed_windows(storage: Storage, key: str) -> Iterator[tuple[bytes, bool]]:
+def _streamed_windows(
+    storage: Storage, key: str, window_bytes: int
+) -> Iterator[tuple[bytes, bool]]:
     """Windows of a remote file, read piece by piece."""
     carry = b""
     with storage.open(key, "rb") as handle:
         while True:
-            data = handle.read(WINDOW_BYTES)
+            data = handle.read(window_bytes)
             if not data:
                 if carry.strip():
                     yield carry, b'"' in carry
@@ -242,7 +244,9 @@ def _streamed_windows(storage: Storage, key: str) -> Iterator[tuple[bytes, bool]
             yield buffer[:cut], buffer.find(b'"', 0, cut) >= 0
 
 
-def _windows(storage: Storage, key: str) -> Iterator[tuple[memoryview | bytes, bool]]:
+def _windows(
+    storage: Storage, key: str, window_bytes: int
+) -> Iterator[tuple[memoryview | bytes, bool]]:
     """The stored file in windows of about WINDOW_BYTES, each ending at a line end, and
     whether the window holds a quote character.
 
@@ -251,18 +255,20 @@ def _windows(storage: Storage, key: str) -> Iterator[tuple[memoryview | bytes, b
     """
     local = storage.local_path(key)
     if local is not None:
-        yield from _mapped_windows(local)
+        yield from _mapped_windows(local, window_bytes)
     else:
-        yield from _streamed_windows(storage, key)
+        yield from _streamed_windows(storage, key, window_bytes)
 
 
 def read_header(storage: Storage, key: str) -> list[str]:
     """The column names of the stored file's first line."""
     with storage.open(key, "rb") as handle:
-        first = handle.readline(MAX_HEADER_BYTES + 1)
+        start = handle.read(MAX_HEADER_BYTES + 1)
+    ends = [i for i in (start.find(b"\n"), start.find(b"\r")) if i >= 0]
+    first = start[: min(ends)] if ends else start
     if not first.strip():
         raise InvalidInput(
-            READ_ERROR.format("the file is empty" if not first else "the header line is empty")
+            READ_ERROR.format("the file is empty" if not start else "the header line is empty")
         )
     if len(first) > MAX_HEADER_BYTES:
         raise InvalidInput(READ_ERROR.format("the header line is longer than 1 MB"))
@@ -320,7 +326,9 @@ def _failure_message(cases: pd.DataFrame) -> InvalidInput:
     return InvalidInput(READ_ERROR.format(f"column {column!r} failed {check} on {where}{more}"))
 
 
-def validate_message_file(*, storage: Storage, key: str, variables: Sequence[str]) -> int:
+def validate_message_file(
+    *, storage: Storage, key: str, variables: Sequence[str], window_bytes: int = WINDOW_BYTES
+) -> int:
     """Check a stored message file for a campaign's variables; returns its row count.
 
     Raises InvalidInput with the spec's messages: 'User' column missing, missing
@@ -345,7 +353,7 @@ def validate_message_file(*, storage: Storage, key: str, variables: Sequence[str
     }
     rows = 0
     try:
-        for number, (window, quoted) in enumerate(_windows(storage, key)):
+        for number, (window, quoted) in enumerate(_windows(storage, key, window_bytes)):
             table = pcsv.read_csv(
                 pyarrow.py_buffer(window),
                 read_options=pcsv.ReadOptions(
