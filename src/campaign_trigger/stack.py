@@ -1,7 +1,8 @@
 """``campaign-trigger up``: the embedded stack on one machine, as child processes.
 
 Order: migrate → seed the demo → Prefect server (unless PREFECT_API_URL names one)
-→ sandbox providers → API → delivery worker. Each child runs in its own process
+→ sandbox providers → API → delivery worker → runner of the other deployments
+(send-batch, the daily CSV example, maintenance). Each child runs in its own process
 group and dies with us (PR_SET_PDEATHSIG); Ctrl-C or SIGTERM stops them all.
 """
 
@@ -173,6 +174,7 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
         ),
         Child("API", [*exe, "api"], f"http://{settings.api_host}:{settings.api_port}/health"),
         Child("delivery worker", [*exe, "worker"], None),
+        Child("deployment runner", [*exe, "runner"], None),
     ]
     return children, shared
 

@@ -69,7 +69,7 @@ def test_up_serves_the_stack_and_stops_cleanly(tmp_path: Path) -> None:
         assert f":{ports['api']}" in log
 
         group = [stack.pid, *(child.pid for child in psutil.Process(stack.pid).children(True))]
-        assert len(group) >= 4
+        assert len(group) >= 5
         os.kill(stack.pid, signal.SIGINT)
         stack.popen.wait(timeout=40)
         time.sleep(0.5)
