@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Final
 from urllib.parse import quote
 
+from hpack import NeverIndexedHeaderTuple
+
 from campaign_trigger.delivery.auth import ApnsProviderTokens
 from campaign_trigger.delivery.base import PushMessage, PushResult
 from campaign_trigger.delivery.credentials import ApnsCredentials
@@ -25,6 +27,7 @@ from campaign_trigger.delivery.sending import Answer, ProviderEvents, RetryingSe
 from campaign_trigger.store.models import Platform
 
 DEFAULT_EXPIRATION_SECONDS: Final = 24 * 3600
+STREAMS_PER_CONNECTION: Final = 100
 
 
 class ApnsProvider(RetryingSender):
@@ -40,7 +43,7 @@ class ApnsProvider(RetryingSender):
         max_attempts: int = 4,
         events: ProviderEvents | None = None,
         timeout_seconds: float = 10.0,
-        max_connections: int = 4,
+        max_connections: int | None = None,
         jwt_reuse_seconds: float = 40 * 60,
         expiration_seconds: int = DEFAULT_EXPIRATION_SECONDS,
         clock: Callable[[], float] = time.time,
@@ -53,14 +56,20 @@ class ApnsProvider(RetryingSender):
             backoff_base=backoff_base,
         )
         self.tokens = ApnsProviderTokens(credentials, reuse_seconds=jwt_reuse_seconds, clock=clock)
+        connections = max_connections or max(2, -(-concurrency // STREAMS_PER_CONNECTION))
         self.pool = H2Pool(
-            credentials.base_url, max_connections=max_connections, timeout_seconds=timeout_seconds
+            credentials.base_url,
+            max_connections=connections,
+            streams_per_connection=STREAMS_PER_CONNECTION,
+            timeout_seconds=timeout_seconds,
         )
         self._topic = credentials.topic.encode()
         self._expiration = expiration_seconds
         self._ids: dict[int, bytes] = {}
         self._auth_header = b""
         self._auth_token = ""
+        self._expires_second = 0
+        self._expires_value = b""
 
     def _build(self, message: PushMessage) -> bytes:
         return apns_body(message)
@@ -77,9 +86,10 @@ class ApnsProvider(RetryingSender):
             (b"apns-topic", self._topic),
             (b"apns-push-type", b"alert"),
             (b"apns-priority", b"10"),
-            (b"apns-expiration", str(int(time.time()) + self._expiration).encode()),
-            (b"apns-id", apns_id),
-            (b"content-type", b"application/json"),
+            (b"apns-expiration", self._expires()),
+            # values unique to one request stay out of the HPACK dynamic table, which
+            # otherwise fills with them and makes every header lookup slower
+            NeverIndexedHeaderTuple(b"apns-id", apns_id),
         ]
         path = b"/3/device/" + quote(message.token, safe="").encode()
         response = await self.pool.request(path, headers, body)
@@ -90,6 +100,13 @@ class ApnsProvider(RetryingSender):
             retry_after.decode("latin-1") if retry_after else None,
             token,
         )
+
+    def _expires(self) -> bytes:
+        now = int(time.time())
+        if now != self._expires_second:
+            self._expires_second = now
+            self._expires_value = str(now + self._expiration).encode()
+        return self._expires_value
 
     def _map(self, answer: Answer) -> Verdict:
         return map_apns(answer.status, answer.body)

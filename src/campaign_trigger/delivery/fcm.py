@@ -77,7 +77,7 @@ class FcmProvider(RetryingSender):
         return fcm_body(message, android=self._android)
 
     async def _post(self, message: PushMessage, body: bytes) -> Answer:
-        token = await self.tokens.get()
+        token = self.tokens.cached() or await self.tokens.get()
         if token != self._headers_token:
             self._headers = {
                 "Authorization": f"Bearer {token}",
@@ -88,7 +88,9 @@ class FcmProvider(RetryingSender):
         try:
             async with session.post(self._url, data=body, headers=self._headers) as response:
                 payload = await response.read()
-                return Answer(response.status, payload, response.headers.get("Retry-After"), token)
+                status = response.status
+                retry_after = None if status == 200 else response.headers.get("Retry-After")
+                return Answer(status, payload, retry_after, token)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TransportError(type(exc).__name__) from None
 

@@ -3,9 +3,13 @@
 The size rule (DESIGN §5): the rendered payload — FCM's ``notification``, ``data`` and
 ``android`` fields, or APNs's whole JSON body — is at most
 :data:`~campaign_trigger.delivery.base.MAX_PAYLOAD_BYTES` bytes of UTF-8. A payload
-over it, or one that cannot be serialised (a non-string data value, a lone
-surrogate, an ``aps`` data key), raises :class:`PayloadError` and is never sent;
+over it, or one that cannot be serialised (a non-string title, body or data value, a
+lone surrogate, an ``aps`` data key), raises :class:`PayloadError` and is never sent;
 the provider reports ``FPErrJSONMarshalling``.
+
+Bodies are assembled from JSON-escaped strings rather than by ``json.dumps`` of a
+whole document: this runs once per message at 10,000+ messages/s, and the ``data``
+and ``android`` fragments, the same for every message of a chunk, are encoded once.
 """
 
 from __future__ import annotations
@@ -16,56 +20,97 @@ from typing import Any
 
 from campaign_trigger.delivery.base import MAX_PAYLOAD_BYTES, PushMessage
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_escape = json.encoder.encode_basestring  # C-accelerated; keeps non-ASCII characters as is
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+_DEFAULT_ANDROID: Mapping[str, Any] = {"priority": "high"}
 
 
 class PayloadError(ValueError):
     """The message cannot become a valid provider payload."""
 
 
-def _encode(document: Mapping[str, Any]) -> bytes:
+def _string(value: object) -> str:
+    if not isinstance(value, str):
+        raise PayloadError("title, body, data keys and values must be strings")
+    return _escape(value)
+
+
+def _data_members(data: Mapping[str, str]) -> str:
+    """``"k":"v","k2":"v2"`` (no braces), every key and value a string."""
+    return ",".join(f"{_string(key)}:{_string(value)}" for key, value in data.items())
+
+
+class _LastFragment:
+    """A one-entry memo of the last ``data`` mapping's encoding (compared by value)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self) -> None:
+        self.entry: tuple[dict[str, str], str] | None = None
+
+    def members(self, data: Mapping[str, str]) -> str:
+        entry = self.entry  # one read: safe if another thread swaps it
+        if entry is not None and entry[0] == data:
+            return entry[1]
+        members = _data_members(data)
+        self.entry = (dict(data), members)
+        return members
+
+
+_fcm_data = _LastFragment()
+_last_android: tuple[dict[str, Any], str] | None = None
+
+
+def _android_options(android: Mapping[str, Any]) -> str:
+    global _last_android
+    entry = _last_android
+    if entry is not None and entry[0] == android:
+        return entry[1]
     try:
-        raw = _dumps(document).encode("utf-8")
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
-        raise PayloadError(f"payload cannot be serialised: {type(exc).__name__}") from None
-    if len(raw) > MAX_PAYLOAD_BYTES:
-        raise PayloadError(f"payload is {len(raw)} bytes, over {MAX_PAYLOAD_BYTES}")
-    return raw
+        encoded = _compact(dict(android))
+    except (TypeError, ValueError):
+        raise PayloadError("android options cannot be serialised") from None
+    _last_android = (dict(android), encoded)
+    return encoded
 
 
-def _check_data(data: Mapping[str, str]) -> dict[str, str]:
-    checked: dict[str, str] = {}
-    for key, value in data.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise PayloadError("data keys and values must be strings")
-        checked[key] = value
-    return checked
+_apns_data = _LastFragment()
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadError("payload cannot be serialised: not valid Unicode") from None
+
+
+def _check_size(size: int) -> None:
+    if size > MAX_PAYLOAD_BYTES:
+        raise PayloadError(f"payload is {size} bytes, over {MAX_PAYLOAD_BYTES}")
 
 
 def fcm_body(message: PushMessage, *, android: Mapping[str, Any] | None = None) -> bytes:
     """The JSON body of an FCM v1 ``messages:send`` call."""
-    if not isinstance(message.title, str) or not isinstance(message.body, str):
-        raise PayloadError("title and body must be strings")
-    payload: dict[str, Any] = {"notification": {"title": message.title, "body": message.body}}
-    data = _check_data(message.data)
-    if data:
-        payload["data"] = data
-    payload["android"] = dict(android) if android is not None else {"priority": "high"}
-    raw = _encode(payload)
-    token = _encode({"token": message.token})
-    # {"message":{"token":"...", <payload fields>}} without re-encoding the payload
-    return b'{"message":' + token[:-1] + b"," + raw[1:] + b"}"
+    notification = (
+        f'{{"notification":{{"title":{_string(message.title)},"body":{_string(message.body)}}}'
+    )
+    members = _fcm_data.members(message.data)
+    data = f',"data":{{{members}}}' if members else ""
+    options = _android_options(android if android is not None else _DEFAULT_ANDROID)
+    payload = _utf8(f'{notification}{data},"android":{options}}}')
+    _check_size(len(payload))
+    head = _utf8(f'{{"message":{{"token":{_string(message.token)},')
+    return head + payload[1:] + b"}"
 
 
 def apns_body(message: PushMessage) -> bytes:
     """The JSON body of an APNs ``/3/device/{token}`` call: ``aps`` plus the data keys."""
-    if not isinstance(message.title, str) or not isinstance(message.body, str):
-        raise PayloadError("title and body must be strings")
-    data = _check_data(message.data)
-    if "aps" in data:
+    if "aps" in message.data:
         raise PayloadError("'aps' is reserved in APNs payloads")
-    document: dict[str, Any] = {
-        "aps": {"alert": {"title": message.title, "body": message.body}, "sound": "default"}
-    }
-    document.update(data)
-    return _encode(document)
+    alert = f'{{"title":{_string(message.title)},"body":{_string(message.body)}}}'
+    members = _apns_data.members(message.data)
+    extra = f",{members}" if members else ""
+    body = _utf8(f'{{"aps":{{"alert":{alert},"sound":"default"}}{extra}}}')
+    _check_size(len(body))
+    return body

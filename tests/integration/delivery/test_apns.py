@@ -76,7 +76,7 @@ async def test_requests_go_over_http2_with_the_apns_headers(
     finally:
         await provider.aclose()
     assert all(r.error_message == "" for r in results)
-    assert provider.pool.connections_opened == 1  # 300 streams multiplexed on one connection
+    assert provider.pool.connections_opened <= 3  # 300 messages, ~100 streams per connection
     deliveries = httpx.get(f"{sandbox}/sandbox/deliveries").json()
     assert len(deliveries) == 300
     first = next(d for d in deliveries if d["token"] == "phone-7")
