@@ -70,14 +70,15 @@ async def adeployments() -> list[RunnerDeployment]:
         await reconcile.ato_deployment(
             name="reconcile",
             description="Every 10 minutes: schedule accepted requests still in the outbox, "
-            "correct request states that lag behind their delivery runs.",
+            "correct request states that lag behind their delivery runs (the API and "
+            "workers also do the first every second; this is the safety net).",
             schedules=_cron("*/10 * * * *", slug="reconcile-every-10-minutes"),
             **common,
         ),
         await settle_in_progress.ato_deployment(
             name="settle-in-progress",
             description='Every hour: report rows still "In progress" of requests that '
-            "ended over an hour ago become FPErrPushFailed; their report files are "
+            "ended over an hour ago become FPErrPushFailed, and their report files are "
             "written again.",
             schedules=_cron("15 * * * *", slug="settle-in-progress-hourly"),
             **common,
