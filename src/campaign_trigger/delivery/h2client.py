@@ -217,8 +217,11 @@ class _Connection(asyncio.Protocol):
         """Open a stream for one request; the future resolves with its response."""
         if not self.usable or self.transport is None:
             raise NotProcessed("connection not usable")
-        stream_id = self.h2.get_next_available_stream_id()
-        self.h2.send_headers(stream_id, headers, end_stream=not body)
+        try:
+            stream_id = self.h2.get_next_available_stream_id()
+            self.h2.send_headers(stream_id, headers, end_stream=not body)
+        except h2.exceptions.ProtocolError as exc:  # e.g. the server lowered its stream limit
+            raise NotProcessed(f"stream not opened: {type(exc).__name__}") from None
         stream = _Stream(self._loop.create_future(), pending_body=body or None)
         self.streams[stream_id] = stream
         self.in_flight += 1
