@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -18,6 +19,7 @@ router = APIRouter(prefix="/files", tags=["files"])
 
 BAD_LINK = "This link is invalid or has expired"
 PIECE = 1 << 20
+_HEX_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 
 def _pieces(storage: Storage, key: str) -> Iterator[bytes]:
@@ -31,7 +33,7 @@ def _pieces(storage: Storage, key: str) -> Iterator[bytes]:
     response_class=StreamingResponse,
     responses={
         200: {"description": "The CSV file", "content": {"text/csv": {}}},
-        **errors(400, 403),
+        **errors(400, 403, 404),
     },
 )
 def read_file(
@@ -43,7 +45,10 @@ def read_file(
 ) -> StreamingResponse:
     """Download a file by a signed link (valid one hour)."""
     path = f"/files/{key}"
-    if not verify(settings=settings, path=path, expires=expires, signature=signature):
+    signed = _HEX_SIGNATURE.fullmatch(signature) is not None and verify(
+        settings=settings, path=path, expires=expires, signature=signature
+    )
+    if not signed:
         raise Forbidden(BAD_LINK)
     try:
         exists = storage.exists(key)

@@ -85,7 +85,7 @@ async def read_json_input(request: Request, *, idempotency_key: str | None) -> T
 
 @dataclass
 class _Part:
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, bytes] = field(default_factory=dict)
     name: str = ""
     filename: str | None = None
     content_type: str | None = None
@@ -132,16 +132,17 @@ class _FormReceiver:
 
     def on_header_end(self) -> None:
         name = self._header_field.decode("latin-1").strip().lower()
-        self._part.headers[name] = self._header_value.decode("utf-8", "replace").strip()
+        self._part.headers[name] = self._header_value.strip()
         self._header_field = self._header_value = b""
 
     def on_headers_finished(self) -> None:
         part = self._part
-        _, options = parse_options_header(part.headers.get("content-disposition", ""))
+        _, options = parse_options_header(part.headers.get("content-disposition", b""))
         part.name = options.get(b"name", b"").decode("utf-8", "replace")
         filename = options.get(b"filename")
         part.filename = filename.decode("utf-8", "replace") if filename is not None else None
-        part.content_type = part.headers.get("content-type")
+        declared = part.headers.get("content-type")
+        part.content_type = declared.decode("latin-1") if declared is not None else None
         if part.filename is not None:
             self.file_names.append(part.name)
             if part.name == FILE_KEY and self.upload is None:

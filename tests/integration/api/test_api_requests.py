@@ -490,3 +490,22 @@ async def test_the_openapi_page_documents_every_route(client: httpx.AsyncClient)
     assert set(body) == {"application/json", "multipart/form-data"}
     assert (await client.get("/docs")).status_code == 200
     assert json.dumps(schema)  # serialisable
+
+
+async def test_form_parts_with_non_latin_names_are_handled(
+    client: httpx.AsyncClient, tenant: Tenant
+) -> None:
+    boundary = "b0undary"
+    content = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="ñ名"\r\n\r\nx\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="campaign_id"\r\n\r\n'
+        f"{tenant.plain}\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="é.csv"\r\n'
+        f"Content-Type: text/csv\r\n\r\nUser\nu1\r\n--{boundary}--\r\n"
+    ).encode()
+    response = await client.post(
+        TRIGGER,
+        content=content,
+        headers={**tenant.auth(), "Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert response.status_code == 200, response.text
