@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Final
 from urllib.parse import quote
 
-from hpack import NeverIndexedHeaderTuple
-
 from campaign_trigger.delivery.auth import ApnsProviderTokens
 from campaign_trigger.delivery.base import PushMessage, PushResult
 from campaign_trigger.delivery.credentials import ApnsCredentials
@@ -87,9 +85,7 @@ class ApnsProvider(RetryingSender):
             (b"apns-push-type", b"alert"),
             (b"apns-priority", b"10"),
             (b"apns-expiration", self._expires()),
-            # values unique to one request stay out of the HPACK dynamic table, which
-            # otherwise fills with them and makes every header lookup slower
-            NeverIndexedHeaderTuple(b"apns-id", apns_id),
+            (b"apns-id", apns_id),
         ]
         path = b"/3/device/" + quote(message.token, safe="").encode()
         response = await self.pool.request(path, headers, body)
