@@ -3,7 +3,7 @@
 :class:`UploadWriter` takes the bytes of an upload as they arrive (counting them
 against the size limit, hashing them, keeping the first few KB to sniff the format)
 and writes them to storage in 1 MB pieces. :func:`validate_message_file` then reads
-the stored file back in windows of 16 MB cut at line ends, parses each with all of
+the stored file back in windows of 8 MB cut at line ends, parses each with all of
 pyarrow's threads (every column a string) and checks it with the campaign's pandera
 model (:mod:`campaign_trigger.schemas.csv`): memory stays bounded whatever the size,
 and the whole costs about one bare ``pyarrow.csv.read_csv`` of the file.
@@ -11,6 +11,7 @@ and the whole costs about one bare ``pyarrow.csv.read_csv`` of the file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -36,7 +37,7 @@ TOO_LARGE = "The file is larger than the {} bytes allowed"
 
 SNIFF_BYTES = 8192
 WRITE_PIECE = 1 << 20
-WINDOW_BYTES = 16 << 20
+WINDOW_BYTES = 8 << 20
 MAX_LINE_BYTES = 64 << 20
 MAX_HEADER_BYTES = 1 << 20
 
@@ -185,40 +186,38 @@ def _cut(view: memoryview | bytes, start: int, end: int) -> int:
     return -1 if cut < 0 else end - len(tail) + cut + 1
 
 
+def _window_end(handle: IO[bytes], *, start: int, size: int, window_bytes: int) -> int:
+    """Where the window starting at ``start`` ends: just after its last line end."""
+    end = min(size, start + window_bytes)
+    while end < size:
+        handle.seek(max(start, end - min(window_bytes, MAX_LINE_BYTES)))
+        tail = handle.read(end - handle.tell())
+        cut = max(tail.rfind(b"\n"), tail.rfind(b"\r"))
+        if cut >= 0:
+            return end - len(tail) + cut + 1
+        if end - start >= MAX_LINE_BYTES:  # a line longer than a window: widen it
+            raise InvalidInput(READ_ERROR.format("a line is longer than 64 MB"))
+        end = min(size, end + window_bytes)
+    return end
+
+
 def _mapped_windows(path: str, window_bytes: int) -> Iterator[tuple[memoryview, bool]]:
-    """Windows of a local file, zero copy through a memory map; each window's pages
-    are dropped from memory once parsed, so the process's RSS stays bounded."""
+    """Windows of a local file, zero copy: each window is its own memory map, unmapped
+    once nothing refers to it any more, so the process's RSS stays bounded."""
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        view = memoryview(mapped)
-        try:
-            start = 0
-            while start < size:
-                end = min(size, start + window_bytes)
-                if end < size:
-                    cut = _cut(view, start, end)
-                    while cut < 0 and end < size:  # a line longer than a window
-                        if end - start >= MAX_LINE_BYTES:
-                            raise InvalidInput(READ_ERROR.format("a line is longer than 64 MB"))
-                        end = min(size, end + window_bytes)
-                        cut = end if end == size else _cut(view, start, end)
-                    end = cut if cut > 0 else end
-                window = view[start:end]
-                try:
-                    yield window, mapped.find(b'"', start, end) >= 0
-                finally:
-                    window.release()
-                page_start = start - start % mmap.PAGESIZE
-                page_end = end - end % mmap.PAGESIZE
-                if page_end > page_start and hasattr(mapped, "madvise"):
-                    mapped.madvise(mmap.MADV_DONTNEED, page_start, page_end - page_start)
-                start = end
-        finally:
-            view.release()
-            mapped.close()
+        start = 0
+        while start < size:
+            end = _window_end(handle, start=start, size=size, window_bytes=window_bytes)
+            base = start - start % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(handle.fileno(), end - base, offset=base, access=mmap.ACCESS_READ)
+            quoted = mapped.find(b'"', start - base) >= 0
+            yield memoryview(mapped)[start - base :], quoted
+            # Readers may still hold the window; the map then goes when they let go.
+            with contextlib.suppress(BufferError):
+                mapped.close()
+            del mapped
+            start = end
 
 
 def _streamed_windows(

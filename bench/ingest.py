@@ -1,0 +1,105 @@
+"""CSV ingest + validation against a bare ``pyarrow.csv.read_csv`` of the same file.
+
+Ingest is what the API does with an upload: stream it into storage (1 MB pieces),
+then validate it in windows with the campaign's pandera model. Usage::
+
+    .venv/bin/python bench/ingest.py [--rows 1000000] [--repeat 5]
+
+Prints both medians and the ratio (target: at most 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.csv as pcsv
+
+from campaign_trigger.services.ingest import copy_to_storage, validate_message_file
+from campaign_trigger.store.files import Storage
+
+VARIABLES = ["first_name", "city", "code"]
+
+
+def generate(path: Path, rows: int) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        handle.write("User,first_name,city,code,segment\n")
+        for start in range(0, rows, 100_000):
+            handle.write(
+                "".join(
+                    f"user-{i:09d},Prénom{i % 997},Ville-{i % 131},C{i % 7919:05d},s{i % 5}\n"
+                    for i in range(start, min(rows, start + 100_000))
+                )
+            )
+
+
+def _seconds(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def interleaved_medians(
+    first: Callable[[], object], second: Callable[[], object], repeat: int
+) -> tuple[float, float]:
+    """Median times of two actions run turn by turn (a busy machine slows both alike)."""
+    first(), second()  # warm-up: page cache, imports, the pandera model
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        times[0].append(_seconds(first))
+        times[1].append(_seconds(second))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as folder:
+        source = Path(folder) / "messages.csv"
+        generate(source, args.rows)
+        storage = Storage(str(Path(folder) / "storage"))
+
+        def bare() -> object:
+            return pcsv.read_csv(source)
+
+        def copy() -> None:
+            with source.open("rb") as handle:
+                copy_to_storage(
+                    handle,
+                    storage=storage,
+                    key="uploads/bench.csv",
+                    max_bytes=2**40,
+                    chunk_size=64 * 1024,
+                )
+
+        def validate() -> int:
+            return validate_message_file(
+                storage=storage, key="uploads/bench.csv", variables=VARIABLES
+            )
+
+        def ingest() -> int:
+            copy()
+            return validate()
+
+        assert ingest() == args.rows
+        size_mb = source.stat().st_size / 2**20
+        bare_s, ingest_s = interleaved_medians(bare, ingest, args.repeat)
+        copy_s, validate_s = interleaved_medians(copy, validate, args.repeat)
+        print(f"file: {args.rows:,} rows, {size_mb:.1f} MB")
+        print(f"bare pyarrow.csv.read_csv: {bare_s:.3f} s")
+        print(f"ingest (stream to storage + validate): {ingest_s:.3f} s")
+        print(f"  of which: stream to storage {copy_s:.3f} s, validate {validate_s:.3f} s")
+        print(
+            f"ratio: {ingest_s / bare_s:.2f}x (target <= 1.5x); validation alone "
+            f"{validate_s / bare_s:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Uploads through the real server: a 200 MB CSV in bounded memory (the API process stays
+under 400 MB RSS), and the size limit enforced before the body is read."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import Request
+from conftest import Server, Tenant, start_api_server
+
+RSS_LIMIT = 400 * 1024 * 1024
+ROWS_PER_BLOCK = 100_000
+
+
+def _big_csv(path: Path, *, min_bytes: int) -> int:
+    """A CSV of at least ``min_bytes``; returns its row count."""
+    rows = 0
+    with path.open("wb") as handle:
+        handle.write(b"User,first_name,code\n")
+        while handle.tell() < min_bytes:
+            block = "".join(
+                f"user-{rows + i:09d},Firstname{i % 997},CODE-{i % 7919:06d}\n"
+                for i in range(ROWS_PER_BLOCK)
+            )
+            handle.write(block.encode())
+            rows += ROWS_PER_BLOCK
+    return rows
+
+
+class PeakRss:
+    """Samples a process's resident memory in a thread; ``peak`` is the highest seen."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = sum(p.memory_info().rss for p in [self.process, *self.process.children(True)])
+            self.peak = max(self.peak, rss)
+            self.samples += 1
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.slow
+def test_a_200_mb_upload_keeps_the_api_under_400_mb(
+    api_server: Server, tenant: Tenant, tmp_path: Path
+) -> None:
+    path = tmp_path / "big.csv"
+    rows = _big_csv(path, min_bytes=200 * 1024 * 1024)
+    size = path.stat().st_size
+    before = psutil.Process(api_server.process.pid).memory_info().rss
+    with PeakRss(api_server.process.pid) as memory, path.open("rb") as handle:
+        started = time.monotonic()
+        response = httpx.post(
+            f"{api_server.url}/api/campaigns/trigger",
+            headers=tenant.auth(),
+            timeout=600,
+            files={"campaign_id": (None, tenant.started), "file": ("big.csv", handle, "text/csv")},
+        )
+        elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    with session_scope() as session:
+        request = session.get(Request, response.json()["request_id"])
+        assert request is not None
+        assert request.message_count == rows
+    print(
+        f"\n{size / 2**20:.0f} MB, {rows} rows uploaded and validated in {elapsed:.1f}s; "
+        f"API RSS {before / 2**20:.0f} MB before, peak {memory.peak / 2**20:.0f} MB "
+        f"({memory.samples} samples)"
+    )
+    assert memory.samples > 10
+    assert memory.peak < RSS_LIMIT
+
+
+@pytest.fixture(scope="module")
+def small_limit_server(session_dir: Path) -> Iterator[Server]:
+    server = start_api_server(session_dir, CT_MAX_UPLOAD_BYTES="100000")
+    try:
+        yield server
+    finally:
+        server.process.stop()
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_any_body(
+    small_limit_server: Server, tenant: Tenant
+) -> None:
+    url = httpx.URL(small_limit_server.url)
+    head = (
+        f"POST /api/campaigns/trigger HTTP/1.1\r\nHost: {url.host}\r\n"
+        f"Authorization: {tenant.auth()['Authorization']}\r\n"
+        "Content-Type: multipart/form-data; boundary=xyz\r\n"
+        "Content-Length: 1000000000000\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.host, url.port), timeout=10) as sock:
+        sock.sendall(head)  # and no body at all
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 413"), answer
+    assert '{"error_message":"The file is larger than the 100000 bytes allowed"}' in answer
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_streaming(
+    small_limit_server: Server, tenant: Tenant
+) -> None:
+    def body() -> Iterator[bytes]:
+        yield (
+            b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="u.csv"\r\n'
+            b"Content-Type: text/csv\r\n\r\nUser\n"
+        )
+        for i in range(20):
+            yield f"user-{i}\n".encode() * 1000
+
+    response = httpx.post(
+        f"{small_limit_server.url}/api/campaigns/trigger",
+        content=body(),
+        timeout=30,
+        headers={**tenant.auth(), "Content-Type": "multipart/form-data; boundary=xyz"},
+    )
+    assert response.status_code == 413
+    assert response.json() == {"error_message": "The file is larger than the 100000 bytes allowed"}
+    assert response.headers["x-quota-remaining"].isdigit()
