@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Any
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import Cancelled
 
+from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.tasks import artifacts
 from campaign_trigger.tasks.delivery import (
     assemble_report,
@@ -25,22 +25,8 @@ def _on_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> N
     mark_failed(str(flow_run.parameters["request_id"]))
 
 
-@flow(
-    name="deliver-request",
-    flow_run_name="{request_id}",
-    persist_result=False,
-    on_failure=[_on_failure],
-    on_crashed=[_on_failure],
-)
-async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
-    """Deliver a request: gate, wait for its send time, chunks, report."""
-    plan = await prepare_delivery(request_id)
-    if plan.canceled:
-        return Cancelled(message="The request was cancelled before its start")
-    delay = (plan.send_at - datetime.now(UTC)).total_seconds()
-    if delay > 0:  # never deliver before send_at, even when started a little early
-        await asyncio.sleep(delay)
-    todo = [n for n in range(plan.chunk_count) if n not in plan.recorded]
+async def _deliver_chunks(plan: DeliveryPlan, todo: list[int]) -> None:
+    """One task run per chunk, two in flight, with a progress artifact."""
     done = plan.chunk_count - len(todo)
     progress = await artifacts.start_progress(chunk_count=plan.chunk_count, done=done)
     in_flight = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
@@ -55,6 +41,27 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
             await artifacts.update_progress(progress, chunk_count=plan.chunk_count, done=done)
 
     await asyncio.gather(*(one_chunk(n) for n in todo))
-    summary = await assemble_report(plan)
+
+
+@flow(
+    name="deliver-request",  # runs are named after the request when created
+    persist_result=False,
+    on_failure=[_on_failure],
+    on_crashed=[_on_failure],
+)
+async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
+    """Deliver a request: gate, wait for its send time, chunks, report."""
+    plan = await prepare_delivery.fn(request_id)
+    if plan.canceled:
+        return Cancelled(message="The request was cancelled before its start")
+    # Chunks prepare (audience, rendering, connections) before send_at and wait for it
+    # just before their first send: never early, and no preparation after the bell.
+    todo = [n for n in range(plan.chunk_count) if n not in plan.recorded]
+    if plan.chunk_count == 1:
+        for chunk_no in todo:
+            await deliver_chunk.fn(plan, chunk_no)
+    elif todo:
+        await _deliver_chunks(plan, todo)
+    summary = await assemble_report.fn(plan)
     await artifacts.publish_summary(request_id=request_id, summary=summary)
     return {name or "sent": count for name, count in summary.totals().items()}

@@ -23,7 +23,7 @@ from sqlmodel import col
 
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery import open_provider
-from campaign_trigger.delivery.base import PushMessage, PushResult
+from campaign_trigger.delivery.base import PushMessage, PushProvider, PushResult
 from campaign_trigger.delivery.inapp import InboxEntry, publish_inapp
 from campaign_trigger.services import audience
 from campaign_trigger.services.render import render_column
@@ -50,6 +50,7 @@ class ChunkJob:
     apps: tuple[audience.AppTarget, ...]
     chunk_no: int
     chunk_size: int
+    send_at: datetime
 
 
 @dataclass(slots=True)
@@ -85,15 +86,51 @@ async def _send_push(
         ]
         if not messages:
             continue
-        provider = open_provider(app.platform, settings=settings, app_id=app.app_id)
-        try:
-            for result in await provider.send_many(messages):
-                results[result.key] = result
-            if provider.auth_failed:
-                logger.warning("provider refused our credentials for an app of the campaign")
-        finally:
+        provider = _provider(settings, app)
+        await sleep_until(job.send_at)  # everything is ready: never send before send_at
+        for result in await provider.send_many(messages):
+            results[result.key] = result
+        if provider.auth_failed:
+            logger.warning("provider refused our credentials for an app of the campaign")
+            _providers.pop(_provider_key(settings, app), None)
             await provider.aclose()
     return results
+
+
+# Providers stay open across chunks and runs of this process (connections and access
+# tokens reused); keyed by event loop too, since their connections belong to one loop.
+_providers: dict[tuple[int, str, str, str, str], PushProvider] = {}
+
+
+def _provider_key(settings: Settings, app: audience.AppTarget) -> tuple[int, str, str, str, str]:
+    loop = id(asyncio.get_running_loop())
+    return (loop, app.platform.value, app.app_id, settings.fcm_base_url, settings.apns_base_url)
+
+
+def _provider(settings: Settings, app: audience.AppTarget) -> PushProvider:
+    key = _provider_key(settings, app)
+    for stale in [k for k in _providers if k[0] != key[0]]:  # a finished event loop's
+        _providers.pop(stale, None)
+    provider = _providers.get(key)
+    if provider is None:
+        provider = _providers[key] = open_provider(
+            app.platform, settings=settings, app_id=app.app_id
+        )
+    return provider
+
+
+async def close_providers() -> None:
+    """Close this loop's pooled providers (at worker shutdown)."""
+    loop = id(asyncio.get_running_loop())
+    for key in [k for k in _providers if k[0] == loop]:
+        provider = _providers.pop(key)
+        await provider.aclose()
+
+
+async def sleep_until(moment: datetime) -> None:
+    delay = (moment - datetime.now(UTC)).total_seconds()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 def _record(
@@ -144,6 +181,8 @@ async def deliver_chunk(settings: Settings, job: ChunkJob, messages: pa.Table) -
     if job.channel == Channel.push:
         results = await _send_push(settings, job, targets, titles, bodies)
     else:
+        await sleep_until(job.send_at)
+        now = datetime.now(UTC)
         results = {}
         for i, t in enumerate(targets):
             if not t.error_message:

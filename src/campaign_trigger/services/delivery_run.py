@@ -57,6 +57,7 @@ class DeliveryPlan:
             apps=self.apps,
             chunk_no=chunk_no,
             chunk_size=self.chunk_size,
+            send_at=self.send_at,
         )
 
 

@@ -21,6 +21,7 @@ import logging
 import threading
 
 from prefect import get_client
+from prefect.client.orchestration import PrefectClient
 from sqlalchemy import update
 from sqlmodel import col, select
 
@@ -84,26 +85,28 @@ def _record_flow_runs(created: dict[str, str]) -> list[str]:
     return cancelled
 
 
-async def drain_outbox(*, batch_size: int = 500) -> int:
+async def drain_outbox(*, batch_size: int = 500, client: PrefectClient | None = None) -> int:
     """Create the flow runs of the requests in the outbox; returns how many were created.
 
     Raises whatever the Prefect client raises when the server cannot be reached; the
     requests then simply stay in the outbox.
     """
+    if client is None:
+        async with get_client() as own_client:
+            return await drain_outbox(batch_size=batch_size, client=own_client)
     total = 0
-    async with get_client() as client:
-        while True:
-            batch = await asyncio.to_thread(_outbox_batch, batch_size)
-            if not batch:
-                return total
-            created = await prefect_runs.create_runs(client, batch)
-            cancelled = await asyncio.to_thread(_record_flow_runs, created)
-            for flow_run_id in cancelled:
-                await prefect_runs.cancel_if_scheduled(client, flow_run_id)
-            total += len(created)
-            logger.info("outbox: %d flow runs created", len(created))
-            if len(created) < len(batch) or len(batch) < batch_size:
-                return total
+    while True:
+        batch = await asyncio.to_thread(_outbox_batch, batch_size)
+        if not batch:
+            return total
+        created = await prefect_runs.create_runs(client, batch)
+        cancelled = await asyncio.to_thread(_record_flow_runs, created)
+        for flow_run_id in cancelled:
+            await prefect_runs.cancel_if_scheduled(client, flow_run_id)
+        total += len(created)
+        logger.info("outbox: %d flow runs created", len(created))
+        if len(created) < len(batch) or len(batch) < batch_size:
+            return total
 
 
 async def run_reconciler(*, stop: asyncio.Event | None = None, interval: float = 1.0) -> None:
@@ -118,20 +121,27 @@ async def run_reconciler(*, stop: asyncio.Event | None = None, interval: float =
         while not stop.is_set():
             wake.clear()
             try:
-                await drain_outbox()
-                failures = 0
+                async with get_client() as client:  # one client while all goes well
+                    while not stop.is_set():
+                        wake.clear()
+                        await drain_outbox(client=client)
+                        failures = 0
+                        await _wait(wake, stop, interval)
             except Exception as exc:  # Prefect down, database busy: try again later
                 failures += 1
                 prefect_runs.forget_deployment_id()
                 if failures in (1, 10) or failures % 100 == 0:
                     logger.warning("outbox drain failed (%d times): %r", failures, exc)
-            delay = interval if failures == 0 else min(interval * 2**failures, 10.0)
-            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
-            _done, pending = await asyncio.wait(
-                waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED
-            )
-            for waiter in pending:
-                waiter.cancel()
+            await _wait(wake, stop, min(interval * 2**failures, 10.0))
     finally:
         with _wake_lock:
             _wakers.remove(entry)
+
+
+async def _wait(wake: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+    _done, pending = await asyncio.wait(
+        waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+    )
+    for waiter in pending:
+        waiter.cancel()
