@@ -2,8 +2,9 @@
 
 Starts its own Prefect server (SQLite, a free port, a temporary home), the sandbox
 providers (a thread), and one ``campaign-trigger worker`` process; creates 50
-one-message requests scheduled ~20 s ahead (time to create their runs), staggered every 0.3 s, plus 10 send-now
-requests; then prints, per kind, the p50 / p95 / max lag and the earliest start, for
+one-message requests scheduled ~20 s ahead (time to create their runs), staggered
+every 0.3 s, plus 10 send-now requests; then prints, per kind, the p50 / p95 / max lag
+and the earliest start, for
 
 * ``flow start``: the flow run's start time in Prefect (Running) - ``send_at``;
 * ``first send``: the provider's acceptance time (report ``sent_at``) - ``send_at``.
@@ -103,10 +104,10 @@ def main() -> None:
     )
     worker: subprocess.Popen[bytes] | None = None
     try:
+        from campaign_trigger.config import get_settings
         from campaign_trigger.delivery.sandbox import running_sandbox
         from campaign_trigger.deployments.register import ensure_deployments
         from campaign_trigger.store.migrate import upgrade
-        from campaign_trigger.config import get_settings
 
         upgrade(get_settings().database_url)
         wait_http(f"http://127.0.0.1:{prefect_port}/api/health")

@@ -1,4 +1,4 @@
-"""Template rendering: plain placeholders only, nulls as '', same result one by one or vectorised."""
+"""Template rendering: plain placeholders only, nulls as '', one by one or vectorised alike."""
 
 from __future__ import annotations
 
