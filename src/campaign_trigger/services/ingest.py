@@ -140,7 +140,7 @@ class UploadWriter:
         if self._file is None:
             self._file = self.storage.open(self.key, "wb")
         if self._pending:
-            self._file.write(b"".join(self._pending))
+            self._file.writelines(self._pending)
         self._pending.clear()
         self._pending_size = 0
 
