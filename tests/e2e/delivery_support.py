@@ -241,3 +241,33 @@ def read_report(request_id: str) -> dict[str, list[dict[str, str]]]:
             csv.DictReader(io.StringIO(text))
         )
     return reports
+
+
+def add_csv_request(tenant: Tenant, rows: Sequence[dict[str, str]], *, send_at: datetime) -> str:
+    """A CSV request as create_request leaves it: the file in storage, the row in the outbox."""
+    import csv
+    import io
+
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.store.files import get_storage, upload_key
+
+    request_id = uuid.uuid4().hex
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    with get_storage(get_settings()).open(upload_key(request_id), "wb") as handle:
+        handle.write(text.getvalue().encode())
+    with session_scope() as session:
+        session.add(
+            Request(
+                id=request_id,
+                org_id=tenant.org_id,
+                campaign_id=tenant.campaign_id,
+                send_at=send_at,
+                source=MessageSource.csv,
+                message_count=len(rows),
+                messages_path=upload_key(request_id),
+            )
+        )
+    return request_id

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
+import httpx
+import pytest
+from sqlmodel import select
+
+from campaign_trigger.config import get_settings
 from campaign_trigger.services.scheduling import notify_new_request
-from campaign_trigger.store.models import RequestState
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import DeliveredChunk, RequestState
 from e2e.delivery_support import (
+    add_csv_request,
     add_devices,
     add_request,
+    bulk_audience,
     every_outcome_audience,
     load_request,
     read_report,
@@ -67,3 +76,38 @@ async def test_a_send_now_request_is_delivered_with_every_outcome(worker: None) 
             assert (row["sent_at"] != "") == (row["error_message"] == "")
             assert row["request_id"] == request_id
             assert row["channel"] == "push"
+
+
+async def test_a_csv_request_is_rendered_per_row_and_chunked(
+    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CT_CHUNK_SIZE", "3")
+    get_settings.cache_clear()
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=7, prefix=f"csv-{uuid.uuid4().hex[:6]}")
+    add_devices(audience.devices)
+    rows = [
+        {"User": u, "first_name": f"Ann{n}", "order_id": f"O-{n}"}
+        for n, u in enumerate(audience.users)
+    ]
+    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC))
+    notify_new_request(request_id)
+
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    get_settings.cache_clear()
+
+    assert state_name(run) == "COMPLETED", run.state
+    with session_scope() as session:
+        chunks = session.exec(
+            select(DeliveredChunk.chunk_no).where(DeliveredChunk.request_id == request_id)
+        ).all()
+    assert sorted(chunks) == [0, 1, 2]
+    for n, user in enumerate(audience.users):
+        delivered = httpx.get(
+            f"{sandbox_url}/sandbox/deliveries", params={"token": f"{user}-ta"}
+        ).json()
+        assert len(delivered) == 1
+        assert f"Hello Ann{n}" in str(delivered)
+        assert f"Order O-{n} is on its way" in str(delivered)
+    report = read_report(request_id)
+    assert [r["user_id"] for r in report[tenant.android]] == audience.users
