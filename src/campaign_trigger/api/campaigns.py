@@ -126,7 +126,7 @@ def _bodies(
     response_model=RequestOut,
     responses={
         **_ok(RequestOut, "The request as created, now cancelled"),
-        **errors(400, 401, 403, 404, 429),
+        **errors(400, 401, 403, 404, 429, 503),
     },
 )
 async def cancel_trigger_request(
@@ -154,7 +154,7 @@ async def cancel_trigger_request(
                 }
             },
         ),
-        **errors(400, 401, 404, 429),
+        **errors(400, 401, 404, 429, 503),
     },
 )
 async def read_scheduled_requests(
@@ -191,7 +191,7 @@ def _request_id_param(request: Request) -> str:
     response_model=Reports,
     responses={
         **_ok(Reports, "Links to the request's CSV reports, valid 1 hour"),
-        **errors(400, 401, 429),
+        **errors(400, 401, 429, 503),
     },
 )
 async def read_report(

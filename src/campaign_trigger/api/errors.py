@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -24,6 +25,7 @@ from campaign_trigger.schemas.api import ErrorBody
 log = logging.getLogger(__name__)
 
 REF_TEMPLATE = "#/components/schemas/{model}"
+SCHEDULER_DOWN = "The scheduler (Prefect) cannot be reached right now; please retry"
 
 _HTTP_MESSAGES = {
     404: "Not found",
@@ -73,6 +75,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(400, _validation_message(exc))
+
+    @app.exception_handler(httpx.HTTPError)
+    async def _scheduler_down(_: Request, exc: httpx.HTTPError) -> JSONResponse:
+        log.warning("Prefect unreachable: %r", exc)
+        return error_response(503, SCHEDULER_DOWN, {"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

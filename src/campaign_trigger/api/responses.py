@@ -14,6 +14,7 @@ _DESCRIPTIONS = {
     409: "Idempotency-Key reused with a different body",
     413: "Upload or body over the size limit",
     429: "The organisation's API Trigger request quota is spent (see Retry-After)",
+    503: "The scheduler (Prefect) cannot be reached; retry later",
 }
 
 QUOTA_HEADERS: dict[str, Any] = {

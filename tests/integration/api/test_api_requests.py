@@ -509,3 +509,35 @@ async def test_form_parts_with_non_latin_names_are_handled(
         headers={**tenant.auth(), "Content-Type": f"multipart/form-data; boundary={boundary}"},
     )
     assert response.status_code == 200, response.text
+
+
+async def test_an_unreachable_scheduler_is_a_503(client: httpx.AsyncClient, tenant: Tenant) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from support import free_port
+
+    created = await client.post(
+        TRIGGER,
+        headers=tenant.auth(),
+        json={
+            "campaign_id": tenant.started,
+            "send_at": _later().isoformat(),
+            "messages": _messages(1),
+        },
+    )
+    request_id = created.json()["request_id"]
+    with session_scope() as session:
+        request = session.get(Request, request_id)
+        assert request is not None
+        request.flow_run_id = "00000000-0000-0000-0000-000000000002"
+        session.add(request)
+    closed = f"http://127.0.0.1:{free_port()}/api"
+    with temporary_settings({PREFECT_API_URL: closed}):
+        response = await client.put(
+            f"/api/campaigns/request/{request_id}/cancel", headers=tenant.auth()
+        )
+    assert response.status_code == 503
+    assert response.json() == {
+        "error_message": "The scheduler (Prefect) cannot be reached right now; please retry"
+    }
+    assert response.headers["retry-after"] == "5"
