@@ -39,7 +39,7 @@ from uuid import UUID
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.actions import VariableCreate, VariableUpdate
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.flow_engine import run_flow_async
 from prefect.states import Scheduled
 
@@ -155,6 +155,9 @@ class Worker:
                 deliver_request, flow_run=run, parameters=run.parameters, return_type="state"
             )
             logger.info("run %s finished: %s", flow_run_id, getattr(state, "type", state))
+            if isinstance(state, State) and state.type == StateType.CANCELLING:
+                async with get_client() as client:  # the engine stopped on the UI's cancel
+                    await self._finish_cancel(client, run, message="Cancelled while running")
         except BaseException as exc:  # the engine reports the run's state itself
             logger.warning("run %s ended with %r", flow_run_id, exc)
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
@@ -182,7 +185,30 @@ class Worker:
                 except Exception as exc:
                     logger.warning("heartbeat failed: %r", exc)
                     created = False if "404" in repr(exc) else created
+                with contextlib.suppress(Exception):
+                    await self._honour_cancelling(client)
                 await _sleep(stop, self.heartbeat_seconds)
+
+    async def _honour_cancelling(self, client: PrefectClient) -> None:
+        """A run of ours set Cancelling (the UI's Cancel on a started run): stop it.
+
+        The chunk in flight is abandoned (its outcomes are not recorded); the run ends
+        Cancelled and the request is mirrored as canceled.
+        """
+        if not self.active:
+            return
+        runs = await prefect_runs.runs_in_states(
+            client, states=[StateType.CANCELLING], ids=list(self.active)
+        )
+        for run in runs:
+            task = self.active.get(run.id)
+            if task is None:
+                continue
+            logger.warning("run %s was cancelled while running: stopping it", run.id)
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            await self._finish_cancel(client, run, message="Cancelled while running")
 
     async def _worker_alive(self, client: PrefectClient, worker_id: str) -> bool:
         if worker_id == self.id:
@@ -252,8 +278,10 @@ class Worker:
             self.slot_freed.set()
         return recovered
 
-    async def _finish_cancel(self, client: PrefectClient, run: FlowRun) -> None:
-        await prefect_runs.cancel_claimed(client, run.id, message="Cancelled by campaign-trigger")
+    async def _finish_cancel(
+        self, client: PrefectClient, run: FlowRun, *, message: str = "Cancelled by campaign-trigger"
+    ) -> None:
+        await prefect_runs.cancel_claimed(client, run.id, message=message)
         request_id = str(run.parameters.get("request_id", ""))
         if request_id:
             await asyncio.to_thread(set_state, request_id, RequestState.canceled)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -9,6 +10,8 @@ import pytest
 from prefect import get_client
 from prefect.states import Cancelling
 
+from campaign_trigger.config import get_settings
+from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
 from campaign_trigger.services.lifecycle import cancel_request, report_links, scheduled_requests
 from campaign_trigger.services.scheduling import drain_outbox, notify_new_request
@@ -20,6 +23,7 @@ from e2e.delivery_support import (
     load_request,
     read_run,
     seed_tenant,
+    state_name,
     wait_for_state,
 )
 from support import ManagedProcess
@@ -141,4 +145,33 @@ async def test_report_links_wait_for_completion_then_sign_every_app(worker: None
     assert len(links) == 2
     assert all("/files/reports/" in link and "signature=" in link for link in links)
     with pytest.raises(RequestStateError, match="Request can't be canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
+async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CT_CHUNK_SIZE", "1")
+    get_settings.cache_clear()
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=60, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=later(0))
+    await drain_outbox()
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=0.5)
+    )
+    try:
+        run = await wait_for_state(request_id, "RUNNING", timeout=30)
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling())
+        run = await wait_for_state(request_id, "CANCELLED", "COMPLETED", timeout=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, timeout=60)
+        get_settings.cache_clear()
+    assert state_name(run) == "CANCELLED"
+    assert load_request(request_id).state == RequestState.canceled
+    with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
