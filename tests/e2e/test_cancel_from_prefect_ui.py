@@ -20,6 +20,8 @@ from e2e.conftest import Sandbox
 from e2e.delivery_support import load_request, seed_tenant, state_name, wait_for_state
 from support import ManagedProcess, free_port, wait_http
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 
 @pytest.fixture
 def api_url(deployed_server: ManagedProcess, sandbox: Sandbox, session_dir: Path) -> Iterator[str]:

@@ -7,6 +7,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import func, select
 
 from campaign_trigger.services.scheduling import notify_new_request
@@ -25,6 +26,8 @@ from e2e.delivery_support import (
     wait_for_state,
 )
 from support import ManagedProcess, wait_http
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EXPECTED = {
     ("ok", "and"): "",

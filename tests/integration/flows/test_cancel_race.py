@@ -7,6 +7,8 @@ import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import RequestStateError
 from campaign_trigger.services.lifecycle import cancel_request
@@ -21,6 +23,8 @@ from e2e.delivery_support import (
     wait_for_state,
 )
 from support import ManagedProcess
+
+pytestmark = [pytest.mark.slow]
 
 TRIALS = 24
 

@@ -26,6 +26,8 @@ from e2e.delivery_support import (
     wait_for_state,
 )
 
+pytestmark = [pytest.mark.slow]
+
 COLUMNS = [
     "app_id",
     "campaign_id",

@@ -28,6 +28,8 @@ from e2e.delivery_support import (
 )
 from support import ManagedProcess
 
+pytestmark = [pytest.mark.slow]
+
 
 def later(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
