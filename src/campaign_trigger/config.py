@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     public_base_url: str = Field(default="", description="Base of links we hand out.")
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    api_reconciler: bool = Field(
+        default=True, description="Run the outbox reconciler inside the API process."
+    )
     sandbox_host: str = "127.0.0.1"
     sandbox_port: int = 8010
     prefect_port: int = 4200

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from campaign_trigger import __version__
 from campaign_trigger.api import auth, campaigns, devices, files
 from campaign_trigger.api.errors import customise_openapi, install_error_handlers
 from campaign_trigger.api.middleware import QuotaHeaderMiddleware
+from campaign_trigger.config import get_settings
 from campaign_trigger.store.db import get_engine
 
 
@@ -51,7 +51,9 @@ async def _prefect_ok() -> bool:
 @contextlib.asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     """Run the outbox reconciler beside the API when a Prefect server is configured."""
-    if not os.environ.get("PREFECT_API_URL") or os.environ.get("CT_API_RECONCILER") == "0":
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value() or not get_settings().api_reconciler:
         yield
         return
     from campaign_trigger.services import scheduling

@@ -16,15 +16,9 @@ from pydantic import BaseModel, Field
 from campaign_trigger.delivery import registry
 from campaign_trigger.delivery.inapp import MAX_PAGE, fetch_inbox
 from campaign_trigger.errors import InvalidInput
+from campaign_trigger.schemas.api import ErrorBody
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Device
-
-
-class ErrorBody(BaseModel):
-    """Every non-200 answer."""
-
-    error_message: str
-
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "Invalid input"},

@@ -20,7 +20,6 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from campaign_trigger.errors import CampaignTriggerError, QuotaExceeded
-from campaign_trigger.schemas.api import ErrorBody
 
 log = logging.getLogger(__name__)
 
@@ -87,30 +86,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(500, "Internal server error")
 
 
-def _merge_error_bodies(schema: dict[str, Any]) -> None:
-    """One ``ErrorBody`` component, even when routers declare look-alike models (FastAPI
-    then names them after their modules)."""
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    duplicates = [name for name in components if name.endswith("__ErrorBody")]
-    kept = ErrorBody.model_json_schema()
-    for name in duplicates:
-        del components[name]
-    components["ErrorBody"] = kept
-    targets = {f"#/components/schemas/{name}" for name in duplicates}
-
-    def rewrite(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("$ref") in targets:
-                node["$ref"] = "#/components/schemas/ErrorBody"
-            for value in node.values():
-                rewrite(value)
-        elif isinstance(node, list):
-            for value in node:
-                rewrite(value)
-
-    rewrite(schema)
-
-
 def customise_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] = ()) -> None:
     """Document 400 (our validation answer) instead of FastAPI's default 422, and add
     the models that hand-read bodies refer to (``#/components/schemas/<Model>``)."""
@@ -141,7 +116,6 @@ def customise_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] =
             for name, nested in definition.pop("$defs", {}).items():
                 components.setdefault(name, nested)
             components.setdefault(model.__name__, definition)
-        _merge_error_bodies(schema)
         app.openapi_schema = schema
         return schema
 

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from api_tenants import Tenant
 from sqlmodel import col, select
 
 from campaign_trigger.config import get_settings
@@ -23,7 +24,6 @@ from campaign_trigger.store.models import (
     RequestMessage,
     RequestState,
 )
-from conftest import Tenant
 
 TRIGGER = "/api/campaigns/trigger"
 CSV = b"User,first_name,code,extra\nu1,Ann,A1,x\nu2,Bob,B2,y\nu3,\xc3\x89lise,C3,z\n"

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 import requests
 import schemathesis
+from api_tenants import PASSWORD, Server, Tenant, make_tenant
 from hypothesis import HealthCheck, given, settings
 from hypothesis.strategies import SearchStrategy
 from schemathesis import GenerationMode
@@ -25,7 +26,6 @@ from campaign_trigger.config import get_settings
 from campaign_trigger.services.auth import issue_token
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Account, Role
-from conftest import PASSWORD, Server, Tenant, make_tenant
 
 CHECKS = [
     not_a_server_error,

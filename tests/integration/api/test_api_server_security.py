@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import jwt
 import pytest
+from api_tenants import PASSWORD, Server, Tenant
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.services.auth import issue_token
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Account, QuotaUsage, Role
-from conftest import PASSWORD, Server, Tenant
 
 MESSAGES = [{"user_id": "u1", "template_variables": {"first_name": "A", "code": "1"}}]
 

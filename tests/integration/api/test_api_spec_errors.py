@@ -8,10 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+from api_tenants import Tenant
 
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState
-from conftest import Tenant
 
 pytestmark = pytest.mark.asyncio
 

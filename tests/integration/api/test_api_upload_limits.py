@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from api_tenants import Server, Tenant, start_api_server
 
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request
-from conftest import Server, Tenant, start_api_server
 
 RSS_LIMIT = 400 * 1024 * 1024
 ROWS_PER_BLOCK = 100_000
