@@ -6,9 +6,10 @@ ordered by ``seq``) or from the stored CSV file (file order). Chunk ``k`` is row
 ``[k * chunk_size, (k + 1) * chunk_size)``: the same on every re-run.
 
 For a chunk, :func:`resolve_targets` finds each user's devices in each app of the
-campaign and decides the pre-send outcome of every device. Each app's report
-accounts for every message: one row per device of the user in that app, or one
-``No device for user`` row when the user has none there.
+campaign and decides the pre-send outcome of every device: one report row per
+device, in its app's report. A user with no device in any app of the campaign gets
+one ``No device for user`` row in every app's report (so each file accounts for
+them); a user with devices in some apps only is not listed in the other apps'.
 """
 
 from __future__ import annotations
@@ -193,12 +194,14 @@ def resolve_targets(
     devices: dict[tuple[str, str], list[Any]] = {}
     for row in _device_rows(app_ids, sorted(set(users))):
         devices.setdefault((row[0], row[1]), []).append(row)
+    with_device = {user for _, user in devices}
     targets: list[Target] = []
     for app_id in app_ids:
         for index, user in enumerate(users):
             found = devices.get((app_id, user))
             if not found:
-                targets.append(Target(index, app_id, user, "", "", NO_DEVICE))
+                if user not in with_device:
+                    targets.append(Target(index, app_id, user, "", "", NO_DEVICE))
                 continue
             for _, _, device_id, token, opted_in, logged_in, unregistered, uninstalled in found:
                 outcome = _pre_send_outcome(

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col
 
@@ -133,6 +133,9 @@ async def sleep_until(moment: datetime) -> None:
         await asyncio.sleep(delay)
 
 
+_OUTCOME_TABLE: Table = Outcome.__table__  # type: ignore[attr-defined]
+
+
 def _record(
     job: ChunkJob,
     rows: list[dict[str, Any]],
@@ -149,8 +152,8 @@ def _record(
                     request_id=job.request_id, chunk_no=job.chunk_no, recorded_at=datetime.now(UTC)
                 )
             )
-            if rows:
-                session.execute(insert(Outcome), rows)
+            if rows:  # Core executemany: no per-row ORM bookkeeping
+                session.connection().execute(insert(_OUTCOME_TABLE), rows)
             if inbox:
                 publish_inapp(session=session, rows=inbox, published_at=now)
             for app_id, device_id, when in unregistered:
