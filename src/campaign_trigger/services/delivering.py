@@ -4,6 +4,8 @@ A chunk's outcome rows, its in-app inbox rows and its ``DeliveredChunk`` row are
 written in ONE transaction; a chunk with a ``DeliveredChunk`` row is never sent
 again (re-runs after a crash, retries, manual re-runs). A crash between sending
 and recording re-sends that one chunk: the window is one chunk, never a request.
+Tokens that come back unregistered are marked on their devices by the provider
+itself, as the answer arrives (``delivery.registry.DatabaseEvents``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col
 
@@ -31,7 +33,6 @@ from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import (
     Channel,
     DeliveredChunk,
-    Device,
     Outcome,
 )
 
@@ -142,7 +143,6 @@ def _record(
     inbox: list[InboxEntry],
     *,
     now: datetime,
-    unregistered: list[tuple[str, str, datetime]],
 ) -> bool:
     """Outcomes + inbox + DeliveredChunk in one transaction; False if already recorded."""
     try:
@@ -156,12 +156,6 @@ def _record(
                 session.connection().execute(insert(_OUTCOME_TABLE), rows)
             if inbox:
                 publish_inapp(session=session, rows=inbox, published_at=now)
-            for app_id, device_id, when in unregistered:
-                session.execute(
-                    update(Device)
-                    .where(col(Device.app_id) == app_id, col(Device.device_id) == device_id)
-                    .values(unregistered_at=when, updated_at=when)
-                )
     except IntegrityError:
         return False
     return True
@@ -180,7 +174,6 @@ async def deliver_chunk(settings: Settings, job: ChunkJob, messages: pa.Table) -
     bodies = render_column(job.body, chunk)
     now = datetime.now(UTC)
     inbox: list[InboxEntry] = []
-    unregistered: list[tuple[str, str, datetime]] = []
     if job.channel == Channel.push:
         results = await _send_push(settings, job, targets, titles, bodies)
     else:
@@ -206,8 +199,6 @@ async def deliver_chunk(settings: Settings, job: ChunkJob, messages: pa.Table) -
     for i, t in enumerate(targets):
         result = results.get(i)
         error = t.error_message if result is None else result.error_message
-        if result is not None and result.unregistered_at is not None:
-            unregistered.append((t.app_id, t.device_id, result.unregistered_at))
         counts[error] += 1
         rows.append(
             {
@@ -221,7 +212,7 @@ async def deliver_chunk(settings: Settings, job: ChunkJob, messages: pa.Table) -
                 "error_message": error,
             }
         )
-    if not await asyncio.to_thread(_record, job, rows, inbox, now=now, unregistered=unregistered):
+    if not await asyncio.to_thread(_record, job, rows, inbox, now=now):
         logger.warning("chunk %d was recorded by another run meanwhile", job.chunk_no)
         return ChunkResult(chunk_no=job.chunk_no, skipped=True)
     return ChunkResult(chunk_no=job.chunk_no, skipped=False, outcomes=counts)

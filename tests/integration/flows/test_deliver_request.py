@@ -79,6 +79,15 @@ async def test_a_send_now_request_is_delivered_with_every_outcome(worker: None) 
             assert row["request_id"] == request_id
             assert row["channel"] == "push"
 
+    # The token that came back unregistered is now known: the next send does not push it.
+    unreg_user = next(u for u in audience.users if u.startswith("u-unreg-"))
+    again = add_request(tenant, [unreg_user], send_at=datetime.now(UTC))
+    notify_new_request(again)
+    run = await wait_for_state(again, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    assert state_name(run) == "COMPLETED", run.state
+    rows = read_report(again)[tenant.android]
+    assert [r["error_message"] for r in rows] == ["App uninstalled"]
+
 
 async def test_a_csv_request_is_rendered_per_row_and_chunked(
     worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
