@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import Any
 
-from prefect import serve
+from prefect import get_client, serve
+from prefect.client.schemas.actions import DeploymentUpdate
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron, Schedule
 from prefect.utilities.asyncutils import run_coro_as_sync
@@ -86,11 +88,26 @@ async def adeployments() -> list[RunnerDeployment]:
     ]
 
 
+async def take_over(served: list[RunnerDeployment]) -> None:
+    """Apply the deployments, and give them back the code path of a served deployment.
+
+    A deployment last written by ``prefect deploy`` has no path (its pull step moved to
+    the code); serving only updates it, which clears the pull step but leaves the path
+    unset, and its runs would then crash looking for their code.
+    """
+    async with get_client() as client:
+        for deployment in served:
+            deployment_id = await deployment.aapply()
+            path = getattr(deployment, "_path", None) or str(Path.cwd())
+            await client.update_deployment(deployment_id, DeploymentUpdate(path=str(path)))
+
+
 def main(*, limit: int = 4, query_seconds: float = 2.0) -> None:
     """Serve the deployments until interrupted (SIGINT/SIGTERM)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     served = deployments()
+    run_coro_as_sync(take_over(served))
     logger.info(
         "serving %s (at most %d runs at once)",
         ", ".join(f"{d.flow_name}/{d.name}" for d in served),

@@ -158,6 +158,48 @@ def test_a_process_worker_runs_a_deployed_flow_through_the_pull_step(
         worker.stop()
 
 
+def _wait_for_state(run_id: UUID, process: ManagedProcess, timeout: float = 120) -> None:
+    async def state_of() -> StateType | None:
+        async with get_client() as client:
+            run = await client.read_flow_run(run_id)
+            return run.state.type if run.state else None
+
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = asyncio.run(state_of())
+        if state in (StateType.COMPLETED, StateType.FAILED, StateType.CRASHED):
+            break
+        time.sleep(1)
+    assert state == StateType.COMPLETED, process.log_tail(80)
+
+
+def test_the_runner_takes_over_deployments_made_by_prefect_deploy(
+    deployed: dict[str, DeploymentResponse], session_dir: Path
+) -> None:
+    async def taken_over() -> bool:
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name("reconcile/reconcile")
+            return bool(deployment.path) and not deployment.pull_steps
+
+    async def run_reconcile() -> UUID:
+        async with get_client() as client:
+            run = await client.create_flow_run_from_deployment(deployed["reconcile/reconcile"].id)
+            return run.id
+
+    runner = ManagedProcess(
+        "runner", [str(VENV_BIN / "campaign-trigger"), "runner"], log_dir=session_dir
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not asyncio.run(taken_over()):
+            assert time.monotonic() < deadline, runner.log_tail(60)
+            time.sleep(1)
+        _wait_for_state(asyncio.run(run_reconcile()), runner)
+    finally:
+        runner.stop()
+
+
 def test_the_runner_serves_what_prefect_yaml_deploys() -> None:
     spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
     in_yaml = {d["name"]: d for d in spec["deployments"] if d["name"] != "default"}
