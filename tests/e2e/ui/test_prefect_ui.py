@@ -160,6 +160,7 @@ def test_the_ui_shows_send_batch_and_a_delivered_request_with_its_summary(
         "POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [delivery["id"]]}}}
     )
     summary = next(a for a in artifacts if a["description"] == "Delivery summary")
+    assert summary["flow_run_id"] == delivery["id"]
 
     refused = final_run(
         stack,
@@ -168,12 +169,13 @@ def test_the_ui_shows_send_batch_and_a_delivered_request_with_its_summary(
         ),
     )
     assert refused["state"]["type"] == "FAILED"
-    refusal = stack.call(
+    refusals = stack.call(
         "POST",
         "/artifacts/filter",
         json={"artifacts": {"flow_run_id": {"any_": [refused["id"]]}}},
-    )[0]
-    assert refusal["key"] == "send-batch-refused"
+    )
+    refusal = next(a for a in refusals if a["key"] == "send-batch-refused")
+    assert refusal["flow_run_id"] == refused["id"]
 
     page = chromium.new_page(viewport={"width": 1400, "height": 950})
     try:
