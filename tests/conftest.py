@@ -59,46 +59,78 @@ def database(session_dir: Path) -> str:
     return url
 
 
-@pytest.fixture(scope="session")
-def prefect_server(session_dir: Path) -> Iterator[ManagedProcess]:
-    """A real Prefect server (SQLite) on the port PREFECT_API_URL names."""
-    server = ManagedProcess(
-        "prefect-server", prefect_server_argv(PREFECT_PORT), log_dir=session_dir
-    )
+def _create_postgres_database(prefix: str) -> str | None:
+    """A fresh database on the test PostgreSQL server; None when none answers."""
+    import sqlalchemy as sa
+
+    from campaign_trigger.store.db import normalise_url
+
+    base = os.environ.get("CT_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    admin = sa.create_engine(normalise_url(base), isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
-        wait_http(f"http://127.0.0.1:{PREFECT_PORT}/api/health", timeout=90, process=server)
-        yield server
+        with admin.connect() as connection:
+            connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError:
+        return None
     finally:
-        server.stop()
+        admin.dispose()
+    url = sa.engine.make_url(normalise_url(base)).set(database=name)
+    return url.render_as_string(hide_password=False)
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database (dropped afterwards); skips loudly if none answers."""
+def _drop_postgres_database(url: str) -> None:
     import sqlalchemy as sa
 
     base = os.environ.get("CT_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
     from campaign_trigger.store.db import normalise_url
 
     admin = sa.create_engine(normalise_url(base), isolation_level="AUTOCOMMIT")
-    name = f"ct_test_{uuid.uuid4().hex[:10]}"
+    name = sa.engine.make_url(url).database
+    with admin.connect() as connection:
+        connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(session_dir: Path) -> Iterator[ManagedProcess]:
+    """A real Prefect server on the port PREFECT_API_URL names.
+
+    Backed by PostgreSQL when the test server answers (the set-up DESIGN.md §7 recommends
+    under load: a SQLite-backed Prefect server answers concurrent writes with "database is
+    locked"), else by SQLite. ``campaign-trigger up``'s own SQLite server is tested apart.
+    """
+    database = _create_postgres_database("ct_prefect")
+    env = {}
+    if database is not None:
+        async_url = database.replace("postgresql+psycopg://", "postgresql+asyncpg://", 1)
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = async_url
+    server = ManagedProcess(
+        "prefect-server", prefect_server_argv(PREFECT_PORT), env=env, log_dir=session_dir
+    )
     try:
-        with admin.connect() as connection:
-            connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    except sa.exc.OperationalError as exc:
+        wait_http(f"http://127.0.0.1:{PREFECT_PORT}/api/health", timeout=90, process=server)
+        yield server
+    finally:
+        server.stop()
+        if database is not None:
+            _drop_postgres_database(database)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database (dropped afterwards); skips loudly if none answers."""
+    url = _create_postgres_database("ct_test")
+    if url is None:
+        base = os.environ.get("CT_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
         pytest.skip(
-            f"!!! NO POSTGRESQL at {base} ({exc.__class__.__name__}): "
-            "PostgreSQL tests SKIPPED; set CT_TEST_POSTGRES_URL !!!"
+            f"!!! NO POSTGRESQL at {base}: PostgreSQL tests SKIPPED; set CT_TEST_POSTGRES_URL !!!"
         )
-    url = sa.engine.make_url(normalise_url(base)).set(database=name)
     try:
-        yield url.render_as_string(hide_password=False)
+        yield url
     finally:
         from campaign_trigger.store.db import engine_for
 
-        for engine in [engine_for(url.render_as_string(hide_password=False))]:
-            engine.dispose()
+        engine_for(url).dispose()
         engine_for.cache_clear()
-        with admin.connect() as connection:
-            connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        _drop_postgres_database(url)
