@@ -13,6 +13,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from push_helpers import DATA, FakeClock, message
 from sqlmodel import select
 
 from campaign_trigger.config import Settings
@@ -22,20 +23,6 @@ from campaign_trigger.delivery.base import PushMessage
 from campaign_trigger.delivery.credentials import apns_credentials
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import App, Device, Platform
-
-DATA = {"request_id": "r1", "campaign_id": "c1"}
-
-
-def message(key: int, token: str, title: str = "Hello", body: str = "World") -> PushMessage:
-    return PushMessage(key=key, token=token, title=title, body=body, data=DATA)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize(

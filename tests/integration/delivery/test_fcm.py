@@ -11,6 +11,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from push_helpers import DATA, FakeClock, message
 from sqlmodel import select
 
 from campaign_trigger.config import Settings
@@ -21,22 +22,6 @@ from campaign_trigger.delivery.fcm import FcmProvider
 from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import App, Device, Platform
-
-DATA = {"request_id": "r1", "campaign_id": "c1"}
-
-
-def message(key: int, token: str, title: str = "Hello", body: str = "World") -> PushMessage:
-    return PushMessage(key=key, token=token, title=title, body=body, data=DATA)
-
-
-class FakeClock:
-    """Time that tests move by hand."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.mark.parametrize(
