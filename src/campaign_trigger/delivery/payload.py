@@ -90,6 +90,22 @@ def _check_size(size: int) -> None:
         raise PayloadError(f"payload is {size} bytes, over {MAX_PAYLOAD_BYTES}")
 
 
+def _android(options: str, collapse_id: str) -> str:
+    """The ``android`` member: the chunk's options plus the message's collapse identity.
+
+    The identity goes in ``android.notification.tag``: a notification with the tag of
+    one already shown replaces it on the device. Not in ``android.collapse_key``: FCM
+    keeps at most four collapse keys per offline device and drops the others, and a
+    key per message would lose transactional messages to a device that was offline.
+    """
+    if not collapse_id:
+        return options
+    if '"notification"' in options:
+        raise PayloadError("android options may not set notification")
+    extra = f'"notification":{{"tag":{_string(collapse_id)}}}'
+    return f"{{{extra}}}" if options == "{}" else f"{options[:-1]},{extra}}}"
+
+
 def fcm_body(message: PushMessage, *, android: Mapping[str, Any] | None = None) -> bytes:
     """The JSON body of an FCM v1 ``messages:send`` call."""
     notification = (
@@ -98,7 +114,8 @@ def fcm_body(message: PushMessage, *, android: Mapping[str, Any] | None = None) 
     members = _fcm_data.members(message.data)
     data = f',"data":{{{members}}}' if members else ""
     options = _android_options(android if android is not None else _DEFAULT_ANDROID)
-    payload = _utf8(f'{notification}{data},"android":{options}}}')
+    android_member = _android(options, message.collapse_id)
+    payload = _utf8(f'{notification}{data},"android":{android_member}}}')
     _check_size(len(payload))
     head = _utf8(f'{{"message":{{"token":{_string(message.token)},')
     return head + payload[1:] + b"}"

@@ -1,8 +1,9 @@
 """The pandera model of an uploaded message file, built for a campaign's variables.
 
 Blocks of the file arrive as pandas frames backed by Arrow strings (zero copy), so
-the checks run on Arrow kernels: ``User`` present, never null, never empty; every
-campaign variable present as a column. Extra columns are allowed.
+the checks run on Arrow kernels: ``User`` present, never null, never empty or blank,
+at most 200 characters; every campaign variable present as a column. Extra columns
+are allowed.
 """
 
 from __future__ import annotations
@@ -18,12 +19,21 @@ from pandera.typing import Series
 ArrowString = Annotated[pd.ArrowDtype, pyarrow.string()]
 
 USER_COLUMN = "User"
+MAX_USER_ID = 200  # as for JSON messages and device registrations
 
 
 class MessageFile(pa.DataFrameModel):
     """A message file with only the `User` column required."""
 
-    User: Series[ArrowString] = pa.Field(nullable=False, str_length={"min_value": 1})
+    User: Series[ArrowString] = pa.Field(
+        nullable=False, str_length={"min_value": 1, "max_value": MAX_USER_ID}
+    )
+
+    @pa.check(USER_COLUMN, name="not_blank")
+    @classmethod
+    def user_not_blank(cls, users: Series[Any]) -> Series[bool]:
+        """A user id of spaces only is as empty as an empty one."""
+        return ~users.str.isspace()  # type: ignore[no-any-return]
 
     class Config:
         strict = False

@@ -1,10 +1,7 @@
-"""Who a request reaches: its messages, in a stable order, and each user's devices.
+"""Who a chunk of a request reaches: each message's user's devices, and why not.
 
-Messages are read once per process into a pyarrow table (``user_id`` plus one
-string column per template variable), from ``RequestMessage`` rows (JSON requests,
-ordered by ``seq``) or from the stored CSV file (file order). Chunk ``k`` is rows
-``[k * chunk_size, (k + 1) * chunk_size)``: the same on every re-run.
-
+A request's messages are in its message file (``services/message_file.py``); chunk
+``k`` is rows ``[k * chunk_size, (k + 1) * chunk_size)``, the same on every re-run.
 For a chunk, :func:`resolve_targets` finds each user's devices in each app of the
 campaign and decides the pre-send outcome of every device: one report row per
 device, in its app's report. A user with no device in any app of the campaign gets
@@ -14,41 +11,21 @@ them); a user with devices in some apps only is not listed in the other apps'.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
 from sqlalchemy import select
-from sqlmodel import col
+from sqlmodel import Session, col
 
-from campaign_trigger.config import Settings
-from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.files import get_storage, upload_key
-from campaign_trigger.store.models import (
-    App,
-    CampaignApp,
-    Channel,
-    Device,
-    MessageSource,
-    Platform,
-    Request,
-    RequestMessage,
-)
+from campaign_trigger.store.models import App, CampaignApp, Channel, Device, Platform
 
 NO_DEVICE: Final = "No device for user"
 NOT_LOGGED_IN: Final = "Last user not logged in"
 OPT_OUT: Final = "Opt out"
 APP_UNINSTALLED: Final = "App uninstalled"
-USER_COLUMN: Final = "user_id"
-_CSV_USER_COLUMN: Final = "User"
 _SQL_BATCH: Final = 2000
-_CACHE_SIZE: Final = 4
-
-_cache: OrderedDict[str, pa.Table] = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,100 +48,42 @@ class Target:
     error_message: str  # "" = to send; else a pre-send outcome
 
 
-def campaign_apps(campaign_id: str) -> list[AppTarget]:
+def campaign_apps(*, session: Session, campaign_id: str) -> list[AppTarget]:
     """The campaign's apps, ordered by app id."""
-    with session_scope() as session:
-        rows = session.execute(
-            select(col(App.app_id), col(App.platform))
-            .join(CampaignApp, col(CampaignApp.app_id) == col(App.app_id))
-            .where(col(CampaignApp.campaign_id) == campaign_id)
-            .order_by(col(App.app_id))
-        ).all()
+    rows = session.execute(
+        select(col(App.app_id), col(App.platform))
+        .join(CampaignApp, col(CampaignApp.app_id) == col(App.app_id))
+        .where(col(CampaignApp.campaign_id) == campaign_id)
+        .order_by(col(App.app_id))
+    ).all()
     return [AppTarget(app_id=app_id, platform=Platform(platform)) for app_id, platform in rows]
-
-
-def _json_messages(request_id: str) -> pa.Table:
-    with session_scope() as session:
-        rows = session.execute(
-            select(col(RequestMessage.user_id), col(RequestMessage.template_variables))
-            .where(col(RequestMessage.request_id) == request_id)
-            .order_by(col(RequestMessage.seq))
-        ).all()
-    users = [user for user, _ in rows]
-    names: list[str] = []
-    for _, variables in rows:
-        for name in variables or {}:
-            if name not in names:
-                names.append(name)
-    columns: dict[str, list[Any]] = {USER_COLUMN: users}
-    for name in names:
-        columns[name] = [
-            None if (v := (variables or {}).get(name)) is None else str(v) for _, variables in rows
-        ]
-    return pa.table({k: pa.array(v, pa.string()) for k, v in columns.items()})
-
-
-def _csv_messages(settings: Settings, key: str) -> pa.Table:
-    storage = get_storage(settings)
-    convert = pacsv.ConvertOptions(strings_can_be_null=False, quoted_strings_can_be_null=False)
-    local = storage.local_path(key)
-    read_options = pacsv.ReadOptions(block_size=16 << 20)
-    if local is not None:
-        table = pacsv.read_csv(local, read_options=read_options, convert_options=convert)
-    else:
-        with storage.open(key, "rb") as handle:
-            table = pacsv.read_csv(handle, read_options=read_options, convert_options=convert)
-    table = table.cast(pa.schema([pa.field(name, pa.string()) for name in table.column_names]))
-    names = [USER_COLUMN if name == _CSV_USER_COLUMN else name for name in table.column_names]
-    return table.rename_columns(names)
-
-
-def load_messages(settings: Settings, request: Request) -> pa.Table:
-    """The request's messages as a table (cached per process: re-runs re-read)."""
-    cached = _cache.get(request.id)
-    if cached is not None:
-        _cache.move_to_end(request.id)
-        return cached
-    if request.source == MessageSource.csv:
-        table = _csv_messages(settings, request.messages_path or upload_key(request.id))
-    else:
-        table = _json_messages(request.id)
-    _cache[request.id] = table
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return table
-
-
-def forget_messages(request_id: str) -> None:
-    _cache.pop(request_id, None)
 
 
 def chunk_count(message_count: int, chunk_size: int) -> int:
     return (message_count + chunk_size - 1) // chunk_size
 
 
-def _device_rows(app_ids: list[str], users: list[str]) -> list[Any]:
+def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list[Any]:
     rows: list[Any] = []
-    with session_scope() as session:
-        for start in range(0, len(users), _SQL_BATCH):
-            batch = users[start : start + _SQL_BATCH]
-            rows.extend(
-                session.execute(
-                    select(
-                        col(Device.app_id),
-                        col(Device.user_id),
-                        col(Device.device_id),
-                        col(Device.push_token),
-                        col(Device.opted_in),
-                        col(Device.logged_in),
-                        col(Device.unregistered_at),
-                        col(Device.uninstalled_at),
-                    )
-                    .where(col(Device.app_id).in_(app_ids))
-                    .where(col(Device.user_id).in_(batch))
-                    .order_by(col(Device.app_id), col(Device.user_id), col(Device.device_id))
-                ).all()
-            )
+    for start in range(0, len(users), _SQL_BATCH):
+        batch = users[start : start + _SQL_BATCH]
+        rows.extend(
+            session.execute(
+                select(
+                    col(Device.app_id),
+                    col(Device.user_id),
+                    col(Device.device_id),
+                    col(Device.push_token),
+                    col(Device.opted_in),
+                    col(Device.logged_in),
+                    col(Device.unregistered_at),
+                    col(Device.uninstalled_at),
+                )
+                .where(col(Device.app_id).in_(app_ids))
+                .where(col(Device.user_id).in_(batch))
+                .order_by(col(Device.app_id), col(Device.user_id), col(Device.device_id))
+            ).all()
+        )
     return rows
 
 
@@ -187,12 +106,12 @@ def _pre_send_outcome(
 
 
 def resolve_targets(
-    *, users: Sequence[str], apps: Sequence[AppTarget], channel: Channel
+    *, session: Session, users: Sequence[str], apps: Sequence[AppTarget], channel: Channel
 ) -> list[Target]:
     """Every report row of a chunk, app by app, message by message, device by device."""
     app_ids = [app.app_id for app in apps]
     devices: dict[tuple[str, str], list[Any]] = {}
-    for row in _device_rows(app_ids, sorted(set(users))):
+    for row in _device_rows(session, app_ids, sorted(set(users))):
         devices.setdefault((row[0], row[1]), []).append(row)
     with_device = {user for _, user in devices}
     targets: list[Target] = []

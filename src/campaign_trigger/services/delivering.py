@@ -1,40 +1,41 @@
-"""Delivering one chunk of a request, exactly once.
+"""Delivering one chunk of a request: render, send, record — each message exactly once.
 
-A chunk's outcome rows, its in-app inbox rows and its ``DeliveredChunk`` row are
-written in ONE transaction; a chunk with a ``DeliveredChunk`` row is never sent
-again (re-runs after a crash, retries, manual re-runs). A crash between sending
-and recording re-sends that one chunk: the window is one chunk, never a request.
-Tokens that come back unregistered are marked on their devices by the provider
-itself, as the answer arrives (``delivery.registry.DatabaseEvents``).
+A chunk's report rows are written to the outcome log (``services/outcome_log.py``)
+as the provider answers, a message's row committed before its concurrency slot is
+given back. A re-run of an interrupted chunk skips every (app, row, device) already
+recorded and sends the rest, so after a crash only the messages that were in flight
+may go twice — at most ``delivery_concurrency`` per app — and every push carries a
+collapse identity of (request, message row, device) (:func:`collapse_id`): a second
+copy replaces the first on the device instead of adding a notification.
+
+What an answer teaches outlives the chunk: a token that came back unregistered is
+marked on its device, and refused credentials flag the app (``services/devices``), in
+the transaction that records the answer. A chunk's database work all goes through the
+one session its task hands in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import Table, insert, select
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import col
+from sqlmodel import Session
 
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.base import PushMessage, PushProvider, PushResult
-from campaign_trigger.delivery.inapp import InboxEntry, publish_inapp
-from campaign_trigger.services import audience
+from campaign_trigger.delivery.providers import pooled_provider, release_provider
+from campaign_trigger.services import audience, devices, outcome_log
+from campaign_trigger.services.inbox import InboxEntry
+from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.render import render_column
-from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.models import (
-    Channel,
-    DeliveredChunk,
-    Outcome,
-)
+from campaign_trigger.store.models import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -53,79 +54,23 @@ class ChunkJob:
     chunk_size: int
     send_at: datetime
 
+    @property
+    def first_row(self) -> int:
+        return self.chunk_no * self.chunk_size
+
 
 @dataclass(slots=True)
 class ChunkResult:
     chunk_no: int
     skipped: bool
     outcomes: Counter[str] = field(default_factory=Counter)
+    resumed: int = 0  # rows found already recorded by an interrupted run
 
 
-def recorded_chunks(request_id: str) -> set[int]:
-    with session_scope() as session:
-        rows = session.execute(
-            select(col(DeliveredChunk.chunk_no)).where(col(DeliveredChunk.request_id) == request_id)
-        ).all()
-    return {row[0] for row in rows}
-
-
-async def _send_push(
-    settings: Settings,
-    job: ChunkJob,
-    targets: Sequence[audience.Target],
-    titles: list[str],
-    bodies: list[str],
-) -> dict[int, PushResult]:
-    """Send every target still to send, app by app; target index -> result."""
-    results: dict[int, PushResult] = {}
-    data = {"request_id": job.request_id, "campaign_id": job.campaign_id}
-    for app in job.apps:
-        messages = [
-            PushMessage(key=i, token=t.token, title=titles[t.row], body=bodies[t.row], data=data)
-            for i, t in enumerate(targets)
-            if t.app_id == app.app_id and not t.error_message
-        ]
-        if not messages:
-            continue
-        provider = _provider(settings, app)
-        await sleep_until(job.send_at)  # everything is ready: never send before send_at
-        for result in await provider.send_many(messages):
-            results[result.key] = result
-        if provider.auth_failed:
-            logger.warning("provider refused our credentials for an app of the campaign")
-            _providers.pop(_provider_key(settings, app), None)
-            await provider.aclose()
-    return results
-
-
-# Providers stay open across chunks and runs of this process (connections and access
-# tokens reused); keyed by event loop too, since their connections belong to one loop.
-_providers: dict[tuple[int, str, str, str, str], PushProvider] = {}
-
-
-def _provider_key(settings: Settings, app: audience.AppTarget) -> tuple[int, str, str, str, str]:
-    loop = id(asyncio.get_running_loop())
-    return (loop, app.platform.value, app.app_id, settings.fcm_base_url, settings.apns_base_url)
-
-
-def _provider(settings: Settings, app: audience.AppTarget) -> PushProvider:
-    key = _provider_key(settings, app)
-    for stale in [k for k in _providers if k[0] != key[0]]:  # a finished event loop's
-        _providers.pop(stale, None)
-    provider = _providers.get(key)
-    if provider is None:
-        provider = _providers[key] = open_provider(
-            app.platform, settings=settings, app_id=app.app_id
-        )
-    return provider
-
-
-async def close_providers() -> None:
-    """Close this loop's pooled providers (at worker shutdown)."""
-    loop = id(asyncio.get_running_loop())
-    for key in [k for k in _providers if k[0] == loop]:
-        provider = _providers.pop(key)
-        await provider.aclose()
+def collapse_id(request_id: str, row: int, device_id: str) -> str:
+    """The message's identity on its device: 32 hex characters (APNs allows 64 bytes)."""
+    key = f"{request_id}\x00{row}\x00{device_id}".encode()
+    return hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
 async def sleep_until(moment: datetime) -> None:
@@ -134,85 +79,169 @@ async def sleep_until(moment: datetime) -> None:
         await asyncio.sleep(delay)
 
 
-_OUTCOME_TABLE: Table = Outcome.__table__  # type: ignore[attr-defined]
+def _row(
+    job: ChunkJob, target: audience.Target, *, error: str, sent_at: datetime | None
+) -> dict[str, Any]:
+    return {
+        "request_id": job.request_id,
+        "row_no": job.first_row + target.row,
+        "app_id": target.app_id,
+        "user_id": target.user_id,
+        "device_id": target.device_id,
+        "channel": job.channel,
+        "sent_at": sent_at if not error else None,
+        "error_message": error,
+    }
 
 
-def _record(
+def _unregistered(app_id: str, token: str, moment: datetime) -> outcome_log.Write:
+    return lambda s: devices.record_unregistered(session=s, app_id=app_id, tokens={token: moment})
+
+
+def _auth_refused(app_id: str) -> outcome_log.Write:
+    return lambda s: devices.flag_auth_failed(session=s, app_id=app_id)
+
+
+ProviderFor = Callable[[Settings, audience.AppTarget], PushProvider]
+
+
+async def _send_push(
+    settings: Settings,
     job: ChunkJob,
-    rows: list[dict[str, Any]],
-    inbox: list[InboxEntry],
-    *,
-    now: datetime,
-) -> bool:
-    """Outcomes + inbox + DeliveredChunk in one transaction; False if already recorded."""
-    try:
-        with session_scope() as session:
-            session.execute(
-                insert(DeliveredChunk).values(
-                    request_id=job.request_id, chunk_no=job.chunk_no, recorded_at=datetime.now(UTC)
-                )
-            )
-            if rows:  # Core executemany: no per-row ORM bookkeeping
-                session.connection().execute(insert(_OUTCOME_TABLE), rows)
-            if inbox:
-                publish_inapp(session=session, rows=inbox, published_at=now)
-    except IntegrityError:
-        return False
-    return True
-
-
-async def deliver_chunk(settings: Settings, job: ChunkJob, messages: pa.Table) -> ChunkResult:
-    """Render, send and record one chunk (``messages`` is the request's whole table)."""
-    if job.chunk_no in await asyncio.to_thread(recorded_chunks, job.request_id):
-        return ChunkResult(chunk_no=job.chunk_no, skipped=True)
-    chunk = messages.slice(job.chunk_no * job.chunk_size, job.chunk_size)
-    users: list[str] = chunk.column(audience.USER_COLUMN).to_pylist()
-    targets = await asyncio.to_thread(
-        audience.resolve_targets, users=users, apps=job.apps, channel=job.channel
-    )
+    targets: Sequence[audience.Target],
+    chunk: pa.Table,
+    recorder: outcome_log.OutcomeRecorder,
+    counts: Counter[str],
+    provider_for: ProviderFor,
+) -> None:
+    """Send every target still to send, app by app, recording each answer."""
     titles = render_column(job.title, chunk)
     bodies = render_column(job.body, chunk)
+    data = {"request_id": job.request_id, "campaign_id": job.campaign_id}
+
+    async def record(result: PushResult) -> None:
+        target = targets[result.key]
+        counts[result.error_message] += 1
+        if result.unregistered_at is not None:
+            recorder.also(_unregistered(target.app_id, target.token, result.unregistered_at))
+        await recorder.record(_row(job, target, error=result.error_message, sent_at=result.sent_at))
+
+    for app in job.apps:
+        messages = [
+            PushMessage(
+                key=i,
+                token=t.token,
+                title=titles[t.row],
+                body=bodies[t.row],
+                data=data,
+                collapse_id=collapse_id(job.request_id, job.first_row + t.row, t.device_id),
+            )
+            for i, t in enumerate(targets)
+            if t.app_id == app.app_id
+        ]
+        if not messages:
+            continue
+        provider = provider_for(settings, app)
+        await sleep_until(job.send_at)  # everything is ready: never send before send_at
+        await provider.send_many(messages, on_result=record)
+        if provider.auth_failed:
+            logger.warning("provider refused our credentials for an app of the campaign")
+            recorder.also(_auth_refused(app.app_id))
+            await release_provider(settings, app)
+
+
+async def _publish_inapp(
+    session: Session,
+    job: ChunkJob,
+    targets: Sequence[audience.Target],
+    chunk: pa.Table,
+    counts: Counter[str],
+) -> bool:
+    """Publish the chunk's in-app messages with its report rows, in one transaction."""
+    titles = render_column(job.title, chunk)
+    bodies = render_column(job.body, chunk)
+    await sleep_until(job.send_at)
     now = datetime.now(UTC)
-    inbox: list[InboxEntry] = []
-    if job.channel == Channel.push:
-        results = await _send_push(settings, job, targets, titles, bodies)
-    else:
-        await sleep_until(job.send_at)
-        now = datetime.now(UTC)
-        results = {}
-        for i, t in enumerate(targets):
-            if not t.error_message:
-                results[i] = PushResult(key=i, error_message="", sent_at=now, unregistered_at=None)
-                inbox.append(
-                    InboxEntry(
-                        app_id=t.app_id,
-                        device_id=t.device_id,
-                        user_id=t.user_id,
-                        request_id=job.request_id,
-                        campaign_id=job.campaign_id,
-                        title=titles[t.row],
-                        body=bodies[t.row],
-                    )
-                )
-    rows: list[dict[str, Any]] = []
-    counts: Counter[str] = Counter()
-    for i, t in enumerate(targets):
-        result = results.get(i)
-        error = t.error_message if result is None else result.error_message
-        counts[error] += 1
-        rows.append(
-            {
-                "request_id": job.request_id,
-                "chunk_no": job.chunk_no,
-                "app_id": t.app_id,
-                "user_id": t.user_id,
-                "device_id": t.device_id,
-                "channel": job.channel,
-                "sent_at": result.sent_at if result is not None and not error else None,
-                "error_message": error,
-            }
+    rows = [_row(job, t, error=t.error_message, sent_at=now) for t in targets]
+    inbox = [
+        InboxEntry(
+            app_id=t.app_id,
+            device_id=t.device_id,
+            user_id=t.user_id,
+            request_id=job.request_id,
+            campaign_id=job.campaign_id,
+            title=titles[t.row],
+            body=bodies[t.row],
         )
-    if not await asyncio.to_thread(_record, job, rows, inbox, now=now):
-        logger.warning("chunk %d was recorded by another run meanwhile", job.chunk_no)
+        for t in targets
+        if not t.error_message
+    ]
+    counts.update(t.error_message for t in targets)
+    return await asyncio.to_thread(
+        outcome_log.record_whole_chunk,
+        session=session,
+        request_id=job.request_id,
+        chunk_no=job.chunk_no,
+        rows=rows,
+        inbox=inbox,
+        published_at=now,
+    )
+
+
+async def process_chunk(
+    *,
+    session: Session,
+    settings: Settings,
+    job: ChunkJob,
+    chunk: pa.Table,
+    provider_for: ProviderFor = pooled_provider,
+) -> ChunkResult:
+    """Render, send and record one chunk (``chunk``: its rows of the message file).
+
+    ``provider_for`` gives the push provider of an app (this process's pooled one).
+    """
+    recorded = await asyncio.to_thread(
+        outcome_log.recorded_chunks, session=session, request_id=job.request_id
+    )
+    if job.chunk_no in recorded:
         return ChunkResult(chunk_no=job.chunk_no, skipped=True)
-    return ChunkResult(chunk_no=job.chunk_no, skipped=False, outcomes=counts)
+    users: list[str] = chunk.column(USER_FIELD).to_pylist()
+    targets = await asyncio.to_thread(
+        audience.resolve_targets,
+        session=session,
+        users=users,
+        apps=job.apps,
+        channel=job.channel,
+    )
+    counts: Counter[str] = Counter()
+    if job.channel == Channel.inapp:
+        if not await _publish_inapp(session, job, targets, chunk, counts):
+            logger.warning("chunk %d was recorded by another run meanwhile", job.chunk_no)
+            return ChunkResult(chunk_no=job.chunk_no, skipped=True)
+        return ChunkResult(chunk_no=job.chunk_no, skipped=False, outcomes=counts)
+
+    done = await asyncio.to_thread(
+        outcome_log.recorded_targets,
+        session=session,
+        request_id=job.request_id,
+        first_row=job.first_row,
+        end_row=job.first_row + chunk.num_rows,
+    )
+    todo = [t for t in targets if not done.has(t.app_id, job.first_row + t.row, t.device_id)]
+    resumed = len(targets) - len(todo)
+    recorder = outcome_log.OutcomeRecorder(
+        session=session, request_id=job.request_id, chunk_no=job.chunk_no
+    )
+    try:
+        known = [t for t in todo if t.error_message]
+        counts.update(t.error_message for t in known)
+        await recorder.record_all(
+            [_row(job, t, error=t.error_message, sent_at=None) for t in known]
+        )
+        to_send = [t for t in todo if not t.error_message]
+        await _send_push(settings, job, to_send, chunk, recorder, counts, provider_for)
+        await recorder.finish()
+    except BaseException:
+        await recorder.abandon()
+        raise
+    return ChunkResult(chunk_no=job.chunk_no, skipped=False, outcomes=counts, resumed=resumed)

@@ -1,10 +1,12 @@
 """Report files: one CSV per app of the campaign, from the request's outcome rows.
 
 Columns exactly ``app_id,campaign_id,user_id,device_id,sent_at,request_id,channel,
-error_message``; ``sent_at`` ISO 8601 UTC (``2026-11-22T05:39:33.123456Z``); every
-cell that a spreadsheet would read as a formula (leading ``=``, ``+``, ``-``, ``@``,
-tab or carriage return) is prefixed with ``'``. Rows come in chunk order, so the
-report follows the order of the request's messages.
+error_message``; ``sent_at`` ISO 8601 UTC (``2026-11-22T05:39:33.123456Z``); lines
+end with a line feed. Every cell that a spreadsheet would read as a formula (leading
+``=``, ``+``, ``-``, ``@``, tab, carriage return or line feed) is prefixed with ``'``,
+and every cell holding a line break, a comma or a quote is quoted, so that no value
+can start a row or a cell of its own. Rows come in the order of the request's
+messages (then device id), however the answers arrived.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from sqlalchemy import func, select, update
-from sqlmodel import col
+from sqlalchemy import select, update
+from sqlmodel import Session, col
 
 from campaign_trigger.config import Settings
-from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.files import get_storage, report_key
 from campaign_trigger.store.models import Outcome, Request, RequestState
 
@@ -34,13 +35,29 @@ COLUMNS: Final = (
     "channel",
     "error_message",
 )
-_FORMULA_PREFIXES: Final = ("=", "+", "-", "@", "\t", "\r")
+_FORMULA_PREFIXES: Final = ("=", "+", "-", "@", "\t", "\r", "\n")
 _FETCH: Final = 20_000
 
 
 def neutralise(cell: str) -> str:
     """Keep a cell from being evaluated as a formula by spreadsheet software."""
     return "'" + cell if cell.startswith(_FORMULA_PREFIXES) else cell
+
+
+class _LineFeedRows:
+    """The target of a ``csv.writer`` that ends rows with CRLF, written ending in LF.
+
+    The writer quotes a cell when it holds a character of its line terminator: with
+    CRLF, a lone carriage return inside a value is quoted too (with LF alone, it was
+    written bare, and a spreadsheet read it as the start of a new row). The writer
+    calls ``write`` once per row, so the terminator is always the last two characters.
+    """
+
+    def __init__(self, text: io.TextIOBase) -> None:
+        self._text = text
+
+    def write(self, row: str) -> int:
+        return self._text.write(row[:-2] + "\n")
 
 
 def iso_utc(moment: datetime | None) -> str:
@@ -64,7 +81,7 @@ class ReportSummary:
 
 
 def _write_app_report(
-    settings: Settings, *, request_id: str, campaign_id: str, app_id: str
+    session: Session, settings: Settings, *, request_id: str, campaign_id: str, app_id: str
 ) -> Counter[str]:
     counts: Counter[str] = Counter()
     storage = get_storage(settings)
@@ -72,9 +89,9 @@ def _write_app_report(
     campaign_cell = neutralise(campaign_id)
     request_cell = neutralise(request_id)
     app_cell = neutralise(app_id)
-    with session_scope() as session, storage.open(key, "wb") as raw:
+    with storage.open(key, "wb") as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-        writer = csv.writer(text, lineterminator="\n")
+        writer = csv.writer(_LineFeedRows(text), lineterminator="\r\n")
         writer.writerow(COLUMNS)
         result = session.execute(
             select(
@@ -85,7 +102,7 @@ def _write_app_report(
                 col(Outcome.error_message),
             )
             .where(col(Outcome.request_id) == request_id, col(Outcome.app_id) == app_id)
-            .order_by(col(Outcome.chunk_no), col(Outcome.id))
+            .order_by(col(Outcome.row_no), col(Outcome.device_id))
             .execution_options(yield_per=_FETCH)
         )
         for batch in result.partitions(_FETCH):
@@ -109,36 +126,26 @@ def _write_app_report(
 
 
 def write_reports(
-    settings: Settings, *, request_id: str, campaign_id: str, app_ids: list[str]
+    *, session: Session, settings: Settings, request_id: str, campaign_id: str, app_ids: list[str]
 ) -> ReportSummary:
     """Write every app's report file; returns their keys and the counts per app."""
     summary = ReportSummary()
     for app_id in app_ids:
         summary.per_app[app_id] = _write_app_report(
-            settings, request_id=request_id, campaign_id=campaign_id, app_id=app_id
+            session, settings, request_id=request_id, campaign_id=campaign_id, app_id=app_id
         )
         summary.report_paths.append(report_key(request_id, app_id))
     return summary
 
 
-def mark_processed(*, request_id: str, report_paths: list[str]) -> None:
-    with session_scope() as session:
-        session.execute(
-            update(Request)
-            .where(col(Request.id) == request_id)
-            .values(
-                state=RequestState.processed,
-                processed_at=datetime.now(UTC),
-                report_paths=report_paths,
-            )
+def mark_processed(*, session: Session, request_id: str, report_paths: list[str]) -> None:
+    """The request is processed: its reports are these files (the caller commits)."""
+    session.execute(
+        update(Request)
+        .where(col(Request.id) == request_id)
+        .values(
+            state=RequestState.processed,
+            processed_at=datetime.now(UTC),
+            report_paths=report_paths,
         )
-
-
-def outcome_counts(request_id: str) -> Counter[str]:
-    with session_scope() as session:
-        rows = session.execute(
-            select(col(Outcome.error_message), func.count())
-            .where(col(Outcome.request_id) == request_id)
-            .group_by(col(Outcome.error_message))
-        ).all()
-    return Counter({error: int(count) for error, count in rows})
+    )

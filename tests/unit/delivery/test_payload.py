@@ -40,6 +40,15 @@ def test_fcm_body_omits_empty_data_and_takes_android_options() -> None:
     assert document["message"]["android"] == {"ttl": "3600s"}
 
 
+def test_fcm_body_carries_the_collapse_identity_as_the_notification_tag() -> None:
+    collapsing = PushMessage(key=0, token="t", title="a", body="b", data={}, collapse_id="0f" * 16)
+    android = json.loads(fcm_body(collapsing))["message"]["android"]
+    assert android == {"priority": "high", "notification": {"tag": "0f" * 16}}
+    assert "collapse_key" not in android  # FCM drops all but four keys per offline device
+    alone = json.loads(fcm_body(collapsing, android={}))["message"]["android"]
+    assert alone == {"notification": {"tag": "0f" * 16}}
+
+
 def test_apns_body_has_an_alert_and_the_data_at_top_level() -> None:
     document = json.loads(apns_body(message()))
     assert document == {

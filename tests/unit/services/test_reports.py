@@ -9,7 +9,7 @@ import pytest
 from campaign_trigger.services.reports import COLUMNS, iso_utc, neutralise
 
 
-@pytest.mark.parametrize("cell", ["=1+1", "+33", "-2", "@SUM(A1)", "\tx", "\rx"])
+@pytest.mark.parametrize("cell", ["=1+1", "+33", "-2", "@SUM(A1)", "\tx", "\rx", "\nx"])
 def test_formula_like_cells_are_neutralised(cell: str) -> None:
     assert neutralise(cell) == "'" + cell
 

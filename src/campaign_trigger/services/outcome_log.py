@@ -1,0 +1,213 @@
+"""The outcome log: a chunk's report rows, recorded as the provider answers.
+
+Every report row is keyed by (request, app, message row, device): at most one row
+each (a unique constraint). :class:`OutcomeRecorder` writes rows in small batches —
+whatever arrived while the previous batch was being written, so a batch is a few
+hundred rows at full speed and one row when answers trickle in — and
+:meth:`OutcomeRecorder.record` returns only once its row is committed. The push
+sender holds a message's concurrency slot until then, so after a crash at most
+``delivery_concurrency`` messages were sent and not recorded; a re-run skips every
+recorded (app, row, device) (:func:`recorded_targets`) and sends the rest.
+
+The last batch of a chunk also writes its ``DeliveredChunk`` row: a chunk with one is
+complete and never looked at again. In-app chunks have no outside effect to race
+with: their outcome rows, inbox rows and ``DeliveredChunk`` row go in one
+transaction (:func:`record_whole_chunk`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import Insert, Table, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col
+
+from campaign_trigger.services.inbox import InboxEntry, publish_inapp
+from campaign_trigger.store.models import DeliveredChunk, Outcome
+
+_OUTCOMES: Final[Table] = Outcome.__table__  # type: ignore[attr-defined]
+_CHUNKS: Final[Table] = DeliveredChunk.__table__  # type: ignore[attr-defined]
+MAX_BATCH: Final = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedTargets:
+    """What a chunk already has in the log (from an earlier, interrupted run)."""
+
+    targets: frozenset[tuple[str, int, str]]  # (app id, row, device id)
+    rows_without_device: frozenset[int]  # rows recorded as "No device for user"
+
+    def has(self, app_id: str, row: int, device_id: str) -> bool:
+        return (app_id, row, device_id) in self.targets or row in self.rows_without_device
+
+
+def recorded_chunks(*, session: Session, request_id: str) -> set[int]:
+    """The request's complete chunks."""
+    rows = session.execute(
+        select(col(DeliveredChunk.chunk_no)).where(col(DeliveredChunk.request_id) == request_id)
+    ).all()
+    return {row[0] for row in rows}
+
+
+def recorded_targets(
+    *, session: Session, request_id: str, first_row: int, end_row: int
+) -> RecordedTargets:
+    """The targets of rows ``[first_row, end_row)`` already in the log."""
+    rows = session.execute(
+        select(col(Outcome.app_id), col(Outcome.row_no), col(Outcome.device_id)).where(
+            col(Outcome.request_id) == request_id,
+            col(Outcome.row_no) >= first_row,
+            col(Outcome.row_no) < end_row,
+        )
+    ).all()
+    return RecordedTargets(
+        targets=frozenset((app, row, device) for app, row, device in rows),
+        rows_without_device=frozenset(row for _, row, device in rows if device == ""),
+    )
+
+
+def _insert_new(session: Session, table: Table) -> Insert:
+    """INSERT that skips rows already there (a chunk raced by two runs)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return sqlite.insert(table).on_conflict_do_nothing()
+
+
+Write = Callable[[Session], object]
+
+
+def _commit(
+    session: Session,
+    rows: Sequence[dict[str, Any]],
+    *,
+    chunk: tuple[str, int] | None = None,
+    also: Sequence[Write] = (),
+) -> None:
+    """One transaction: outcome rows, other writes of the same answers, the chunk's mark."""
+    try:
+        if rows:  # Core executemany: no per-row ORM bookkeeping
+            session.connection().execute(_insert_new(session, _OUTCOMES), list(rows))
+        for write in also:
+            write(session)
+        if chunk is not None:
+            session.connection().execute(
+                _insert_new(session, _CHUNKS),
+                [{"request_id": chunk[0], "chunk_no": chunk[1], "recorded_at": datetime.now(UTC)}],
+            )
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+
+
+def record_whole_chunk(
+    *,
+    session: Session,
+    request_id: str,
+    chunk_no: int,
+    rows: Sequence[dict[str, Any]],
+    inbox: Sequence[InboxEntry],
+    published_at: datetime,
+) -> bool:
+    """Outcomes, inbox rows and the chunk's mark in one transaction; False if recorded."""
+    try:
+        session.execute(
+            insert(DeliveredChunk).values(
+                request_id=request_id, chunk_no=chunk_no, recorded_at=datetime.now(UTC)
+            )
+        )
+        if rows:
+            session.connection().execute(insert(_OUTCOMES), list(rows))
+        if inbox:
+            publish_inapp(session=session, rows=inbox, published_at=published_at)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return False
+    return True
+
+
+class OutcomeRecorder:
+    """Records one chunk's rows in batches; :meth:`record` returns once committed.
+
+    Every write of the chunk goes through its one session, one batch after the other
+    (in a worker thread): the rows, and what the answers taught about devices and apps
+    (:meth:`also`), in the transaction of the batch they arrived with.
+    """
+
+    def __init__(self, *, session: Session, request_id: str, chunk_no: int) -> None:
+        self.session = session
+        self.request_id = request_id
+        self.chunk_no = chunk_no
+        self.recorded = 0
+        self._also: list[Write] = []
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def record(self, row: dict[str, Any]) -> None:
+        """Queue ``row`` and wait until it is committed (raises if the write failed)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((row, done))
+        self._wake.set()
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_loop())
+        await done
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                await self._commit(batch)
+            if self._closing:
+                return
+
+    def also(self, write: Write) -> None:
+        """Commit ``write(session)`` with the next batch (e.g. a device's token gone)."""
+        self._also.append(write)
+
+    async def _commit(self, batch: list[tuple[dict[str, Any], asyncio.Future[None]]]) -> None:
+        also, self._also = self._also, []
+        try:
+            await asyncio.to_thread(_commit, self.session, [row for row, _ in batch], also=also)
+        except Exception as exc:
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+            return
+        self.recorded += len(batch)
+        for _, done in batch:
+            if not done.done():
+                done.set_result(None)
+
+    async def record_all(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Commit ``rows`` at once (outcomes known before any send)."""
+        if rows:
+            await asyncio.to_thread(_commit, self.session, rows)
+            self.recorded += len(rows)
+
+    async def finish(self) -> None:
+        """Write what is left, then mark the chunk complete."""
+        if self._writer is not None:
+            self._closing = True
+            self._wake.set()
+            await self._writer
+        also, self._also = self._also, []
+        await asyncio.to_thread(
+            _commit, self.session, [], chunk=(self.request_id, self.chunk_no), also=also
+        )
+
+    async def abandon(self) -> None:
+        """Stop writing (the chunk failed or was cancelled); committed rows stay."""
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)

@@ -1,0 +1,196 @@
+"""Delivering a chunk on a real SQLite session with a recording fake provider: what is
+sent, what is recorded, what a re-run skips, and what answers teach about devices."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from sqlalchemy import insert
+from sqlmodel import Session, col, select
+
+from campaign_trigger.config import Settings
+from campaign_trigger.delivery.base import PushMessage, PushResult
+from campaign_trigger.services import delivery_run, outcome_log
+from campaign_trigger.services.audience import AppTarget
+from campaign_trigger.services.delivering import ProviderFor, process_chunk
+from campaign_trigger.services.message_file import USER_FIELD
+from campaign_trigger.services.requests import create_request
+from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.store.files import Storage
+from campaign_trigger.store.models import App, Device, Outcome, Platform
+from service_support import Org
+
+
+class FakeProvider:
+    """Records what it was asked to send; answers by token prefix (like the sandbox)."""
+
+    platform = Platform.android
+
+    def __init__(self, *, refuse_credentials: bool = False) -> None:
+        self.sent: list[PushMessage] = []
+        self.auth_failed = False
+        self._refuse = refuse_credentials
+
+    async def send_many(
+        self, messages: Sequence[PushMessage], *, on_result: Any = None
+    ) -> list[PushResult]:
+        results = []
+        for message in messages:
+            if self._refuse:
+                self.auth_failed = True
+                result = PushResult(message.key, "FPErrPushFailed", None, None)
+            elif message.token.startswith("unregistered-"):
+                result = PushResult(message.key, "FPErrTokenUnregistered", None, datetime.now(UTC))
+            else:
+                self.sent.append(message)
+                result = PushResult(message.key, "", datetime.now(UTC), None)
+            if on_result is not None:
+                await on_result(result)
+            results.append(result)
+        return results
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _devices(session: Session, org: Org, tokens: dict[str, str]) -> None:
+    session.execute(
+        insert(Device),
+        [
+            {
+                "app_id": org.app_id,
+                "device_id": f"d-{user}",
+                "user_id": user,
+                "push_token": token,
+                "opted_in": True,
+                "logged_in": True,
+                "updated_at": datetime.now(UTC),
+            }
+            for user, token in tokens.items()
+        ],
+    )
+    session.commit()
+
+
+def _request(session: Session, settings: Settings, storage: Storage, org: Org, n: int) -> str:
+    messages = [
+        {"user_id": f"u{i}", "template_variables": {"first_name": f"N{i}", "code": f"C{i}"}}
+        for i in range(n)
+    ]
+    return create_request(
+        session=session,
+        settings=settings,
+        storage=storage,
+        org_id=org.org_id,
+        request_id=f"r{n}-{org.org_id}",
+        trigger=TriggerInput(campaign_id=org.campaign_id, messages=messages),
+    )
+
+
+def _chunk(users: list[str]) -> pa.Table:
+    return pa.table(
+        {
+            USER_FIELD: users,
+            "first_name": [f"N{u[1:]}" for u in users],
+            "code": [f"C{u[1:]}" for u in users],
+        }
+    )
+
+
+def _deliver(
+    session: Session, settings: Settings, request_id: str, chunk: pa.Table, provider: FakeProvider
+) -> Any:
+    plan = delivery_run.start_delivery(session=session, settings=settings, request_id=request_id)
+    provider_for: ProviderFor = lambda _settings, _app: provider  # noqa: E731
+    return asyncio.run(
+        process_chunk(
+            session=session,
+            settings=settings,
+            job=plan.job(0),
+            chunk=chunk,
+            provider_for=provider_for,
+        )
+    )
+
+
+def _outcomes(session: Session, request_id: str) -> dict[str, str]:
+    rows = session.exec(select(Outcome).where(col(Outcome.request_id) == request_id)).all()
+    return {row.user_id: row.error_message for row in rows}
+
+
+def test_a_chunk_is_rendered_sent_and_recorded_with_collapse_ids(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    _devices(session, org, {"u0": "t0", "u1": "t1"})
+    request_id = _request(session, settings, storage, org, 3)
+    provider = FakeProvider()
+    result = _deliver(session, settings, request_id, _chunk(["u0", "u1", "u2"]), provider)
+    assert [(m.token, m.title, m.body) for m in provider.sent] == [
+        ("t0", "Hi N0", "Code C0"),
+        ("t1", "Hi N1", "Code C1"),
+    ]
+    assert len({m.collapse_id for m in provider.sent}) == 2
+    assert _outcomes(session, request_id) == {"u0": "", "u1": "", "u2": "No device for user"}
+    assert result.outcomes == {"": 2, "No device for user": 1}
+    assert outcome_log.recorded_chunks(session=session, request_id=request_id) == {0}
+
+
+def test_a_rerun_sends_only_what_was_not_recorded(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    _devices(session, org, {"u0": "t0", "u1": "t1", "u2": "t2"})
+    request_id = _request(session, settings, storage, org, 3)
+    session.add(  # an interrupted run recorded u1's answer, then died
+        Outcome(
+            request_id=request_id,
+            row_no=1,
+            app_id=org.app_id,
+            user_id="u1",
+            device_id="d-u1",
+            channel="push",
+            error_message="",
+        )
+    )
+    session.commit()
+    provider = FakeProvider()
+    result = _deliver(session, settings, request_id, _chunk(["u0", "u1", "u2"]), provider)
+    assert [m.token for m in provider.sent] == ["t0", "t2"]
+    assert result.resumed == 1
+    again = FakeProvider()
+    assert _deliver(session, settings, request_id, _chunk(["u0", "u1", "u2"]), again).skipped
+    assert again.sent == []
+
+
+def test_an_unregistered_token_is_marked_on_its_device_with_its_answer(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    _devices(session, org, {"u0": "unregistered-0", "u1": "t1"})
+    request_id = _request(session, settings, storage, org, 2)
+    _deliver(session, settings, request_id, _chunk(["u0", "u1"]), FakeProvider())
+    devices = {d.user_id: d for d in session.exec(select(Device)).all()}
+    assert devices["u0"].unregistered_at is not None
+    assert devices["u1"].unregistered_at is None
+    assert _outcomes(session, request_id)["u0"] == "FPErrTokenUnregistered"
+
+
+def test_refused_credentials_flag_the_app(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    _devices(session, org, {"u0": "t0"})
+    request_id = _request(session, settings, storage, org, 1)
+    _deliver(session, settings, request_id, _chunk(["u0"]), FakeProvider(refuse_credentials=True))
+    app = session.exec(select(App).where(App.app_id == org.app_id)).one()
+    assert app.provider_auth_failed_at is not None
+    assert _outcomes(session, request_id) == {"u0": "FPErrPushFailed"}
+
+
+def test_the_apps_of_a_campaign_are_its_targets(session: Session, org: Org) -> None:
+    from campaign_trigger.services.audience import campaign_apps
+
+    assert campaign_apps(session=session, campaign_id=org.campaign_id) == [
+        AppTarget(app_id=org.app_id, platform=Platform.android)
+    ]
