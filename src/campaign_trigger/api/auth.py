@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from starlette.status import HTTP_204_NO_CONTENT
 
 from campaign_trigger.api.deps import CurrentAccount, SessionDep, SettingsDep
 from campaign_trigger.api.responses import errors
-from campaign_trigger.schemas.api import SignedIn, SignInBody
+from campaign_trigger.schemas.api import ErrorBody, SignedIn, SignInBody
 from campaign_trigger.services.auth import (
-    authenticate,
     issue_token,
     organisation_name,
     revoke_token,
+    sign_in,
 )
 
 router = APIRouter(prefix="/users", tags=["authentication"])
@@ -24,10 +24,26 @@ _SIGN_IN_RESPONSES = {
             "Authorization": {
                 "description": "`Bearer <ACCESS_TOKEN>`, to send unchanged on later calls.",
                 "schema": {"type": "string"},
+            },
+            "Cache-Control": {
+                "description": "`no-store`: the token is kept by no cache.",
+                "schema": {"type": "string"},
+            },
+        },
+    },
+    **errors(400, 401, 413),
+    429: {
+        "model": ErrorBody,
+        "description": "Too many failed sign-ins for this account (5 in 15 minutes by "
+        "default) or from this address (50); `Retry-After` says when to try again. No "
+        "password is checked meanwhile; a successful sign-in resets the account's count.",
+        "headers": {
+            "Retry-After": {
+                "description": "Seconds until the next attempt may be made.",
+                "schema": {"type": "integer"},
             }
         },
     },
-    **errors(400, 401),
 }
 
 
@@ -39,11 +55,25 @@ _SIGN_IN_RESPONSES = {
     operation_id="create_session_json",
 )
 def create_session(
-    body: SignInBody, session: SessionDep, settings: SettingsDep, response: Response
+    body: SignInBody,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
 ) -> SignedIn:
-    """Sign in with e-mail and password; the access token comes back in `Authorization`."""
-    account = authenticate(session=session, email=body.user.email, password=body.user.password)
+    """Sign in with e-mail and password; the access token comes back in `Authorization`.
+
+    Failed sign-ins are throttled per account and per client address (429)."""
+    address = request.client.host if request.client is not None else "unknown"
+    account = sign_in(
+        session=session,
+        settings=settings,
+        email=body.user.email,
+        password=body.user.password,
+        address=address,
+    )
     response.headers["Authorization"] = f"Bearer {issue_token(settings=settings, account=account)}"
+    response.headers["Cache-Control"] = "no-store"
     return SignedIn(
         email=account.email,
         role=account.role.value,

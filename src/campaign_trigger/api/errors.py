@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from campaign_trigger.errors import CampaignTriggerError, QuotaExceeded
+from campaign_trigger.errors import CampaignTriggerError, TooManyRequests
+from campaign_trigger.schemas.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,11 @@ _HTTP_MESSAGES = {
 def error_response(
     status_code: int, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error_message": message}, status_code=status_code, headers=headers)
+    """The contract's error body. A message echoing the caller's input may hold a lone
+    surrogate (from a JSON escape): it is replaced, so the answer is always UTF-8."""
+    return JSONResponse(
+        {"error_message": printable(message)}, status_code=status_code, headers=headers
+    )
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -60,7 +65,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(CampaignTriggerError)
     async def _domain(_: Request, exc: CampaignTriggerError) -> JSONResponse:
         headers = None
-        if isinstance(exc, QuotaExceeded):
+        if isinstance(exc, TooManyRequests):
             headers = {"Retry-After": str(exc.retry_after_seconds)}
         return error_response(exc.status_code, exc.message, headers)
 
@@ -83,7 +88,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "Internal server error")
+        # sent from outside the middleware stack: its security headers are set here
+        headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+        return error_response(500, "Internal server error", headers)
 
 
 def customise_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] = ()) -> None:

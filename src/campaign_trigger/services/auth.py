@@ -1,5 +1,8 @@
 """Accounts and tokens: password checks, JWT access tokens (HS256), sign-out revocation.
 
+Tokens are signed with the token key (:meth:`Settings.token_key`, derived from the
+secret by HKDF), never with the key of signed links.
+
 A token names its account (``sub``), organisation and a unique ``jti``; it expires after
 ``settings.token_ttl_seconds``. Signing out stores the ``jti`` in ``RevokedToken`` until
 the token would have expired anyway. The account is read again on every call, so a
@@ -17,7 +20,8 @@ import jwt
 from sqlmodel import Session, col, delete, select
 
 from campaign_trigger.config import Settings
-from campaign_trigger.errors import Forbidden, Unauthenticated
+from campaign_trigger.errors import Forbidden, SignInThrottled, Unauthenticated
+from campaign_trigger.services import throttle
 from campaign_trigger.services.passwords import hash_password, verify_password
 from campaign_trigger.store.models import Account, Organisation, RevokedToken, Role
 
@@ -30,6 +34,7 @@ __all__ = [
     "issue_token",
     "require_sender",
     "revoke_token",
+    "sign_in",
     "verify_password",
 ]
 
@@ -67,6 +72,30 @@ def authenticate(*, session: Session, email: str, password: str) -> Account:
     return account
 
 
+def sign_in(
+    *, session: Session, settings: Settings, email: str, password: str, address: str
+) -> Account:
+    """:func:`authenticate`, throttled per account and per client address.
+
+    SignInThrottled (429, with the seconds to wait) before any password hash when
+    either budget is spent; a success resets the account's count. Each step commits on
+    its own, so that other API processes see this attempt while its hash is computed.
+    """
+    reserved = throttle.reserve(session=session, settings=settings, email=email, address=address)
+    session.commit()
+    if isinstance(reserved, int):
+        raise SignInThrottled(throttle.THROTTLED, retry_after_seconds=reserved)
+    wait = throttle.confirm(session=session, settings=settings, reservation=reserved)
+    session.commit()
+    if wait is not None:
+        raise SignInThrottled(throttle.THROTTLED, retry_after_seconds=wait)
+    account = authenticate(session=session, email=email, password=password)
+    session.commit()
+    throttle.succeeded(session=session, reservation=reserved)
+    session.commit()
+    return account
+
+
 def issue_token(*, settings: Settings, account: Account, now: datetime | None = None) -> str:
     """A signed access token for ``account``."""
     issued = now or datetime.now(UTC)
@@ -77,14 +106,14 @@ def issue_token(*, settings: Settings, account: Account, now: datetime | None = 
         "iat": int(issued.timestamp()),
         "exp": int((issued + timedelta(seconds=settings.token_ttl_seconds)).timestamp()),
     }
-    return jwt.encode(claims, settings.secret(), algorithm=ALGORITHM)
+    return jwt.encode(claims, settings.token_key(), algorithm=ALGORITHM)
 
 
 def _claims(*, settings: Settings, token: str) -> dict[str, Any]:
     try:
         claims: dict[str, Any] = jwt.decode(
             token,
-            settings.secret(),
+            settings.token_key(),
             algorithms=[ALGORITHM],
             options={"require": ["sub", "jti", "exp", "iat"]},
         )

@@ -1,21 +1,30 @@
 """File storage for uploads and reports: any fsspec URL (a local folder by default).
 
-Paths handed around are *keys* relative to the storage root, e.g.
-``uploads/<request_id>.csv`` and ``reports/<request_id>/<app_id>.csv``.
+Paths handed around are *keys* relative to the storage root: ``uploads/<request_id>.csv``
+(a CSV as uploaded), ``messages/<request_id>.arrow`` (every request's messages, parsed
+once) and ``reports/<request_id>/<app_id>.csv``. In a local folder, files are created
+0600 and folders 0700 (they hold users' messages and delivery reports); object stores
+keep their own access rules.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import IO, Any
 
 import fsspec
 from fsspec.core import url_to_fs
 
 from campaign_trigger.config import Settings
+from campaign_trigger.store.private import private_file
 
 
 def upload_key(request_id: str) -> str:
     return f"uploads/{request_id}.csv"
+
+
+def messages_key(request_id: str) -> str:
+    return f"messages/{request_id}.arrow"
 
 
 def report_key(request_id: str, app_id: str) -> str:
@@ -37,8 +46,12 @@ class Storage:
 
     def open(self, key: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
         path = self.path(key)
-        if "w" in mode or "a" in mode:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if "w" in mode or "a" in mode or "x" in mode:
+            local = self.local_path(key)
+            if local is not None:
+                private_file(Path(local))  # 0600 before a byte is written
+            else:
+                self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         return self.fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
 
     def exists(self, key: str) -> bool:

@@ -334,15 +334,15 @@ async def test_csv_missing_variables(
     [
         (
             b"User,first_name,code\nu1,Caf\xe9,A1\n",
-            "In CSV column #1: CSV conversion error to string: invalid UTF8 data",
+            "In CSV column #1: Row #2: CSV conversion error to string: invalid UTF8 data",
         ),
         (
             b"User,first_name,code\nu1,Ann\nu2,Bob,B2\n",
-            "CSV parse error: Expected 3 columns, got 2: u1,Ann",
+            "CSV parse error: Row #2: Expected 3 columns, got 2: u1,Ann",
         ),
         (
             b"User,first_name,code\nu1,Ann,A1,extra\n",
-            "CSV parse error: Expected 3 columns, got 4: u1,Ann,A1,extra",
+            "CSV parse error: Row #2: Expected 3 columns, got 4: u1,Ann,A1,extra",
         ),
         (b'User,first_name,code\nu1,"Ann,A1\nu2,Bob,B2\n', None),
         (b"\xff\xfeU\x00s\x00", "the file is UTF-16 encoded; use UTF-8"),

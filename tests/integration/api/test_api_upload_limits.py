@@ -4,7 +4,6 @@ under 400 MB RSS), and the size limit enforced before the body is read."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from api_memory import PeakRss
 from api_tenants import Server, Tenant, start_api_server
 
 from campaign_trigger.store.db import session_scope
@@ -34,33 +34,6 @@ def _big_csv(path: Path, *, min_bytes: int) -> int:
             handle.write(block.encode())
             rows += ROWS_PER_BLOCK
     return rows
-
-
-class PeakRss:
-    """Samples a process's resident memory in a thread; ``peak`` is the highest seen."""
-
-    def __init__(self, pid: int, interval: float = 0.02) -> None:
-        self.process = psutil.Process(pid)
-        self.interval = interval
-        self.peak = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = sum(p.memory_info().rss for p in [self.process, *self.process.children(True)])
-            self.peak = max(self.peak, rss)
-            self.samples += 1
-            time.sleep(self.interval)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ def test_authenticate_normalises_the_email(account: Account) -> None:
 def test_token_round_trip_expiry_and_revocation(account: Account) -> None:
     settings = get_settings()
     token = issue_token(settings=settings, account=account)
-    claims = jwt.decode(token, settings.secret(), algorithms=["HS256"])
+    claims = jwt.decode(token, settings.token_key(), algorithms=["HS256"])
     assert claims["exp"] - claims["iat"] == settings.token_ttl_seconds
     with session_scope() as session:
         identity = identity_from_header(
