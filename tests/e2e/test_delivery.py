@@ -13,8 +13,9 @@ from sqlalchemy import func, select
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import DeliveredChunk, Outcome
-from e2e.conftest import Sandbox, WorkerFactory
-from e2e.delivery_support import (
+from delivery_support import (
+    DeviceSpec,
+    add_csv_request,
     add_devices,
     add_request,
     bulk_audience,
@@ -25,6 +26,7 @@ from e2e.delivery_support import (
     state_name,
     wait_for_state,
 )
+from e2e.conftest import Sandbox, WorkerFactory
 from support import ManagedProcess, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -81,6 +83,7 @@ async def test_a_request_scheduled_ahead_stays_scheduled_then_is_delivered(
 
 
 def _recorded(request_id: str) -> tuple[int, int]:
+    """(complete chunks, outcome rows) of the request."""
     with session_scope() as session:
         chunks = session.execute(
             select(func.count())
@@ -93,43 +96,65 @@ def _recorded(request_id: str) -> tuple[int, int]:
     return int(chunks), int(rows)
 
 
-async def test_a_worker_killed_mid_delivery_is_resumed_without_duplicates(
+KILL_USERS = 20_000
+KILL_CONCURRENCY = 100
+
+
+async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
 ) -> None:
-    env = {"CT_CHUNK_SIZE": "25"}
+    """SIGKILL in the middle of a chunk, while sends are in flight; a new worker takes over.
+
+    Counted at the sandbox: nobody is missing, at most ``delivery_concurrency`` devices
+    got the message twice, and each second copy carried the first one's collapse id.
+    """
+    env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
     worker = start_worker(**env)
     tenant = seed_tenant()
-    audience = bulk_audience(tenant, users=600, prefix=f"kill-{uuid.uuid4().hex[:6]}")
-    add_devices(audience.devices)
-    tokens = [d.token for d in audience.devices if d.token]
-    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+    prefix = f"kill-{uuid.uuid4().hex[:6]}"
+    users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
+    add_devices([DeviceSpec(tenant.android, f"{u}-a", u, f"{u}-ta") for u in users])
+    tokens = [f"{u}-ta" for u in users]
+    rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
+    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=5000)
     notify_new_request(request_id)
-    await wait_for_state(request_id, "RUNNING", timeout=30)
 
-    # Kill at a consistent cut: some chunks recorded, every accepted message recorded.
-    deadline = time.monotonic() + 60
-    while True:
-        assert time.monotonic() < deadline, "no point to kill the worker at"
-        before = sum(sandbox.delivered(tokens).values())
-        chunks, rows = _recorded(request_id)
-        after = sum(sandbox.delivered(tokens).values())
-        if chunks >= 3 and before == after == rows and rows < len(tokens):
-            worker.kill()
-            break
+    # Kill inside the second chunk (rows 5,000-9,999), at full speed.
+    before = len(sandbox.state.deliveries)
+    deadline = time.monotonic() + 120
+    while len(sandbox.state.deliveries) - before < 7_300:
+        assert time.monotonic() < deadline, f"delivery did not start:\n{worker.log_tail()}"
         await asyncio.sleep(0.002)
-    run = await read_run(request_id)
-    assert run is not None
-    assert run.state is not None
-    assert run.state.type.value in ("RUNNING", "PENDING")  # left behind by the dead worker
+    worker.kill()
+    await asyncio.sleep(1.0)  # requests already on the wire land
+    chunks, recorded = _recorded(request_id)
+    delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
+    assert chunks == 1, chunks  # the first chunk complete, the second one under way
+    assert 5_000 < recorded < 10_000, recorded
+    assert delivered > recorded, "the kill did not catch any send in flight"
+    in_flight_at_kill = delivered - recorded
+    assert in_flight_at_kill <= KILL_CONCURRENCY
 
-    start_worker(**env)
-    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    start_worker(**env)  # Prefect marks the run dead (no heartbeat), the new worker takes it
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=240)
     assert state_name(run) == "COMPLETED", run.state
     counts = sandbox.delivered(tokens)
-    assert [t for t, n in counts.items() if n != 1] == []
-    rows_per_app = {app: len(rows) for app, rows in read_report(request_id).items()}
-    assert rows_per_app == {tenant.android: 600, tenant.ios: 600}
+    assert [t for t, n in counts.items() if n == 0] == []  # nobody missing
+    doubled = {t: n for t, n in counts.items() if n > 1}
+    assert set(doubled.values()) <= {2}
+    assert len(doubled) <= KILL_CONCURRENCY
+    for token in doubled:  # the second copy replaces the first on the device
+        per_collapse = sandbox.state.per_token_collapse[token]
+        assert len(per_collapse) == 1, per_collapse
+        assert "" not in per_collapse
+    print(
+        f"killed with {recorded} recorded and {delivered} delivered "
+        f"({in_flight_at_kill} in flight); {len(doubled)} devices got it twice"
+    )
+    report = read_report(request_id)[tenant.android]
+    assert sorted(r["user_id"] for r in report) == sorted(users)
+    assert {r["error_message"] for r in report} == {""}
 
 
 async def test_a_request_accepted_while_prefect_is_down_is_delivered_once_it_is_back(

@@ -1,28 +1,25 @@
-"""``campaign-trigger worker``: claims due ``deliver-request`` runs and runs them in-process.
+"""``campaign-trigger worker``: a Prefect worker of the pool ``campaign-trigger-delivery``.
 
-Why not ``prefect worker``/``serve``: they start a ~90 MiB process per run (~2 s),
-too slow for the 1 s punctuality target and for many small requests. This worker:
+:class:`DeliveryWorker` is a ``BaseWorker`` of type ``campaign-trigger``: Prefect's own
+loops poll the pool (a paused pool or a pool/queue concurrency limit stops the server
+from handing out runs), send the worker's heartbeats (the Work Pools page shows it
+online), and watch cancellations. What differs from Prefect's process worker is
+where a run executes: in this process, with ``run_flow_async``, several at a time on
+one event loop, so no process starts per run (~2 s and ~90 MiB each).
 
-* polls the Prefect API every ``poll_seconds`` for Scheduled runs due within
-  ``prefetch_seconds``, and claims each one Scheduled -> Pending with a message
-  naming this worker. The server refuses the claim if anyone (another worker, a
-  cancel) claimed it first, so N workers on N machines never run a run twice;
-* executes claimed runs with ``prefect.flow_engine.run_flow_async``, up to
-  ``concurrency`` at a time, on one event loop (the flow sleeps until ``send_at``;
-  the server also holds Running until the scheduled time);
-* writes a heartbeat every ``heartbeat_seconds`` (a Prefect variable
-  ``ct-worker-<id>``, visible in the UI under Variables);
-* recovers runs of dead workers: a Pending/Running run whose claiming worker's
-  heartbeat is older than ``stale_after_seconds`` is set back to Scheduled (forced)
-  and re-claimed by whichever worker polls first. The flow skips the chunks already
-  recorded, so no device gets a message twice and none is skipped. A run left
-  Pending by a cancel that died half-way is cancelled;
-* runs the outbox reconciler (``services.scheduling.run_reconciler``).
+Submission is lean: the server's race-free claim (Scheduled -> Pending, refused if
+another worker or a cancel got there first, with a message naming this worker, and
+the request's ``run_owner``), then the run; none of the process worker's extra calls
+(deployment, flow and pool reads, labels, a Submitting state, the infrastructure id),
+each of which costs the Prefect server CPU on every request.
+
+Beside Prefect's loops the process runs :mod:`campaign_trigger.deployments.upkeep`:
+the outbox reconciler, stopping runs cancelled while running, and taking over the
+runs Prefect marked dead (:meth:`DeliveryWorker.take_over`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -30,310 +27,239 @@ import os
 import re
 import signal
 import socket
-import ssl
 import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from prefect import get_client
-from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.actions import VariableCreate, VariableUpdate
-from prefect.client.schemas.objects import FlowRun, State, StateType
+import anyio
+import anyio.abc
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.flow_engine import run_flow_async
-from prefect.states import Scheduled
+from prefect.flows import Flow
+from prefect.settings import (
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    PREFECT_WORKER_QUERY_SECONDS,
+    temporary_settings,
+)
+from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 
-from campaign_trigger.deployments.register import ensure_deployments
-from campaign_trigger.flows.deliver import deliver_request
-from campaign_trigger.services import delivering, prefect_runs, scheduling
-from campaign_trigger.services.delivery_run import set_state
-from campaign_trigger.store.models import RequestState
+from campaign_trigger.delivery.providers import close_providers
+from campaign_trigger.deployments import catalog, upkeep
+from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
+from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
+from campaign_trigger.services import prefect_runs
 
-logger = logging.getLogger("campaign_trigger.deployments.worker")  # also under -m
-
-HEARTBEAT_PREFIX = "ct-worker-"
+logger = logging.getLogger("campaign_trigger.deployments.worker")
 
 
-def new_worker_id() -> str:
+def new_worker_name() -> str:
+    """``<host>-<pid>-<random>``: unique, and readable in the Work Pools page."""
     host = re.sub(r"[^a-z0-9-]", "-", socket.gethostname().lower())[:30]
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def _worker_of(message: str | None) -> str | None:
-    if message and message.startswith(prefect_runs.WORKER_CLAIM_PREFIX):
-        return message.removeprefix(prefect_runs.WORKER_CLAIM_PREFIX).strip()
-    return None
+class DeliveryResult(BaseWorkerResult):
+    """A run the worker executed (its state is the run's own)."""
 
 
-class Worker:
-    """One worker process's loops: poll and claim, execute, heartbeat, recover, reconcile."""
+class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryResult]):
+    """Runs ``deliver-request`` flow runs of its pool in-process."""
+
+    type = WORKER_TYPE
+    job_configuration = BaseJobConfiguration
+    _description = (
+        "Executes campaign-trigger deliveries in the worker process itself "
+        "(campaign-trigger worker): no process per run."
+    )
 
     def __init__(
         self,
         *,
         concurrency: int,
-        poll_seconds: float = 0.5,
+        queue: str = "default",
         prefetch_seconds: float = 1.5,
-        heartbeat_seconds: float = 5.0,
-        stale_after_seconds: float = 30.0,
-        reconcile: bool = True,
+        heartbeat_seconds: int = 10,
+        name: str | None = None,
     ) -> None:
-        self.id = new_worker_id()
+        super().__init__(
+            work_pool_name=catalog.DELIVERY_POOL,
+            work_queues=[queue],
+            name=name or f"{new_worker_name()}-{queue}",
+            prefetch_seconds=prefetch_seconds,
+            limit=concurrency,
+            heartbeat_interval_seconds=heartbeat_seconds,
+        )
+        self.queue = queue
         self.concurrency = concurrency
-        self.poll_seconds = poll_seconds
-        self.prefetch_seconds = prefetch_seconds
-        self.heartbeat_seconds = heartbeat_seconds
-        self.stale_after = timedelta(seconds=stale_after_seconds)
-        self.reconcile = reconcile
-        self.active: dict[UUID, asyncio.Task[None]] = {}
-        self.slot_freed = asyncio.Event()
+        self.active: dict[UUID, asyncio.Task[Any]] = {}
+        self._flows: dict[UUID, Flow[..., Any]] = {}
 
     @property
     def claim_message(self) -> str:
-        return f"{prefect_runs.WORKER_CLAIM_PREFIX}{self.id}"
+        return f"{prefect_runs.WORKER_CLAIM_PREFIX}{self.name}"
 
-    async def run(self, stop: asyncio.Event) -> None:
-        share_prefect_ssl_contexts()
-        await self._ensure_deployments(stop)
-        logger.info("worker %s ready: polling every %.1f s", self.id, self.poll_seconds)
-        loops = [self._poll_loop(stop), self._heartbeat_loop(stop), self._recovery_loop(stop)]
-        if self.reconcile:
-            loops.append(scheduling.run_reconciler(stop=stop, interval=self.poll_seconds))
-        try:
-            await asyncio.gather(*loops)
-        finally:
-            if self.active:
-                logger.info("waiting for %d runs to finish", len(self.active))
-                await asyncio.gather(*self.active.values(), return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await delivering.close_providers()
-            with contextlib.suppress(Exception):
-                async with get_client() as client:
-                    await client.delete_variable_by_name(HEARTBEAT_PREFIX + self.id)
+    # -- submission ----------------------------------------------------------------
 
-    async def _ensure_deployments(self, stop: asyncio.Event) -> None:
-        delay = 0.5
-        while not stop.is_set():
-            try:
-                await ensure_deployments()
-                return
-            except Exception as exc:  # Prefect not up yet
-                logger.warning("cannot register deployments yet: %r", exc)
-                await _sleep(stop, delay)
-                delay = min(delay * 2, 10.0)
+    async def _submit_run(self, flow_run: FlowRun) -> None:  # type: ignore[override]
+        """A due run Prefect handed out (its slot taken): claim it and execute it."""
+        if not await self._claim_and_start(flow_run):
+            self._release_limit_slot(flow_run.id)
+            self._forget_submission(flow_run.id)
 
-    # -- poll, claim, execute ------------------------------------------------------
+    async def take_over(self, flow_run: FlowRun) -> bool:
+        """Claim a run Prefect marked dead (Crashed) and execute it, if a slot is free.
 
-    async def _poll_loop(self, stop: asyncio.Event) -> None:
-        async with get_client() as client:
-            while not stop.is_set():
-                try:
-                    await self._poll_once(client)
-                except Exception as exc:
-                    logger.warning("poll failed: %r", exc)
-                    prefect_runs.forget_deployment_id()
-                self.slot_freed.clear()
-                await _sleep(stop, self.poll_seconds, self.slot_freed)
-
-    async def _poll_once(self, client: PrefectClient) -> None:
-        free = self.concurrency - len(self.active)
-        if free <= 0:
-            return
-        due = datetime.now(UTC) + timedelta(seconds=self.prefetch_seconds)
-        for run in await prefect_runs.due_runs(client, before=due, limit=free):
-            if run.id in self.active:
-                continue
-            if await prefect_runs.claim(client, run.id, message=self.claim_message):
-                self.active[run.id] = asyncio.create_task(self._execute(run))
-            else:
-                logger.debug("run %s claimed by someone else", run.id)
-
-    async def _execute(self, run: FlowRun) -> None:
-        flow_run_id = run.id
-        try:
-            state = await run_flow_async(
-                deliver_request, flow_run=run, parameters=run.parameters, return_type="state"
-            )
-            logger.info("run %s finished: %s", flow_run_id, getattr(state, "type", state))
-            if isinstance(state, State) and state.type == StateType.CANCELLING:
-                async with get_client() as client:  # the engine stopped on the UI's cancel
-                    await self._finish_cancel(client, run, message="Cancelled while running")
-        except BaseException as exc:  # the engine reports the run's state itself
-            logger.warning("run %s ended with %r", flow_run_id, exc)
-            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-                raise
-        finally:
-            self.active.pop(flow_run_id, None)
-            self.slot_freed.set()
-
-    # -- heartbeat -----------------------------------------------------------------
-
-    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
-        name = HEARTBEAT_PREFIX + self.id
-        created = False
-        async with get_client() as client:
-            while not stop.is_set():
-                value = {"at": datetime.now(UTC).isoformat(), "active": len(self.active)}
-                try:
-                    if created:
-                        await client.update_variable(VariableUpdate(name=name, value=value))
-                    else:
-                        await client.create_variable(
-                            VariableCreate(name=name, value=value, tags=["campaign-trigger-worker"])
-                        )
-                        created = True
-                except Exception as exc:
-                    logger.warning("heartbeat failed: %r", exc)
-                    created = False if "404" in repr(exc) else created
-                with contextlib.suppress(Exception):
-                    await self._honour_cancelling(client)
-                await _sleep(stop, self.heartbeat_seconds)
-
-    async def _honour_cancelling(self, client: PrefectClient) -> None:
-        """A run of ours set Cancelling (the UI's Cancel on a started run): stop it.
-
-        The chunk in flight is abandoned (its outcomes are not recorded); the run ends
-        Cancelled and the request is mirrored as canceled.
+        The claim is the same race-free transition as for a due run: Crashed -> Pending
+        is accepted once; the second worker's Pending -> Pending is refused.
         """
-        if not self.active:
-            return
-        runs = await prefect_runs.runs_in_states(
-            client, states=[StateType.CANCELLING], ids=list(self.active)
-        )
-        for run in runs:
-            task = self.active.get(run.id)
-            if task is None:
-                continue
-            logger.warning("run %s was cancelled while running: stopping it", run.id)
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            await self._finish_cancel(client, run, message="Cancelled while running")
-
-    async def _worker_alive(self, client: PrefectClient, worker_id: str) -> bool:
-        if worker_id == self.id:
-            return True
-        variable = await client.read_variable_by_name(HEARTBEAT_PREFIX + worker_id)
-        if variable is None:
+        if self._limiter is None:
             return False
-        updated = variable.updated or variable.created
-        if updated is None:
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(flow_run.id)
+        except anyio.WouldBlock:
+            return False
+        self._submitting_flow_run_ids.add(flow_run.id)
+        if await self._claim_and_start(flow_run):
             return True
-        return datetime.now(UTC) - updated < self.stale_after
+        self._release_limit_slot(flow_run.id)
+        self._forget_submission(flow_run.id)
+        return False
 
-    # -- recovery ------------------------------------------------------------------
+    async def _claim_and_start(self, flow_run: FlowRun) -> bool:
+        try:
+            claimed = await prefect_runs.claim(self.client, flow_run.id, message=self.claim_message)
+        except Exception as exc:
+            logger.warning("could not claim run %s: %r", flow_run.id, exc)
+            return False
+        if not claimed:
+            logger.debug("run %s claimed by someone else", flow_run.id)
+            return False
+        if self.queue == "default":  # a request's own run, not a share of its chunks
+            await upkeep.own_run(flow_run, owner=self.name)
+        assert self._runs_task_group is not None
+        self._runs_task_group.start_soon(self._execute, flow_run)
+        return True
 
-    async def _recovery_loop(self, stop: asyncio.Event) -> None:
-        interval = max(self.stale_after.total_seconds() / 3, 1.0)
-        await _sleep(stop, min(interval, 2.0))
-        async with get_client() as client:
-            while not stop.is_set():
-                try:
-                    await self.recover_once(client)
-                except Exception as exc:
-                    logger.warning("recovery sweep failed: %r", exc)
-                await _sleep(stop, interval)
+    def _forget_submission(self, flow_run_id: UUID) -> None:
+        self._submitting_flow_run_ids.discard(flow_run_id)
+        if self._cancelling_observer is not None:
+            self._cancelling_observer.remove_in_flight_flow_run_id(flow_run_id)
 
-    async def _claimer(self, client: PrefectClient, run: FlowRun) -> str | None:
-        """The message of the run's latest Pending state (who claimed it)."""
-        if run.state is not None and run.state.type == StateType.PENDING:
-            return run.state.message
-        states = await client.read_flow_run_states(run.id)
-        pending = [s for s in states if s.type == StateType.PENDING]
-        return pending[-1].message if pending else None
+    async def _execute(self, flow_run: FlowRun) -> None:
+        try:
+            await self.run(flow_run, self.job_configuration())
+        except Exception as exc:  # the engine reports the run's state itself
+            logger.warning("run %s ended with %r", flow_run.id, exc)
+        finally:
+            self._release_limit_slot(flow_run.id)
+            self._forget_submission(flow_run.id)
 
-    async def recover_once(self, client: PrefectClient) -> int:
-        """Put runs of dead workers back to Scheduled; finish half-done cancels."""
-        recovered = 0
-        runs = await prefect_runs.runs_in_states(
-            client, states=[StateType.PENDING, StateType.RUNNING]
-        )
-        now = datetime.now(UTC)
-        for run in runs:
-            if run.id in self.active or run.state is None:
-                continue
-            claimer = await self._claimer(client, run)
-            age = now - run.state.timestamp
-            if claimer == prefect_runs.CANCEL_CLAIM_MESSAGE:
-                if run.state.type == StateType.PENDING and age > self.stale_after:
-                    await self._finish_cancel(client, run)
-                continue
-            worker_id = _worker_of(claimer)
-            if worker_id is None or await self._worker_alive(client, worker_id):
-                continue
-            fresh = await client.read_flow_run(run.id)  # re-check: nothing moved meanwhile
-            if fresh.state is None or fresh.state.id != run.state.id:
-                continue
-            logger.warning("run %s of dead worker %s: rescheduled", run.id, worker_id)
-            await client.set_flow_run_state(
-                run.id,
-                Scheduled(
-                    scheduled_time=datetime.now(UTC),
-                    message=f"Rescheduled: worker {worker_id} stopped heartbeating",
-                ),
-                force=True,
+    async def _flow_of(self, flow_run: FlowRun) -> Flow[..., Any]:
+        """The flow of the run's deployment, from the catalog (looked up once)."""
+        deployment_id = flow_run.deployment_id
+        assert deployment_id is not None
+        flow = self._flows.get(deployment_id)
+        if flow is None:
+            deployment = await self.client.read_deployment(deployment_id)
+            name = (await self.client.read_flow(deployment.flow_id)).name
+            for entry in catalog.DEPLOYMENTS:
+                if entry.work_pool == catalog.DELIVERY_POOL and entry.load_flow().name == name:
+                    flow = self._flows[deployment_id] = entry.load_flow()
+                    break
+            else:
+                raise LookupError(f"no flow of this worker for deployment {name}/{deployment.name}")
+        return flow
+
+    async def run(
+        self,
+        flow_run: FlowRun,
+        configuration: BaseJobConfiguration,
+        task_status: anyio.abc.TaskStatus[int] | None = None,
+    ) -> DeliveryResult:
+        """Execute the run in this process; its final state is the engine's."""
+        current = asyncio.current_task()
+        if current is not None:
+            self.active[flow_run.id] = current
+        if task_status is not None:
+            task_status.started(os.getpid())
+        try:
+            flow = await self._flow_of(flow_run)
+            state = await run_flow_async(
+                flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state"
             )
-            recovered += 1
-        if recovered:
-            self.slot_freed.set()
-        return recovered
+            logger.info("run %s finished: %s", flow_run.id, getattr(state, "type", state))
+            if getattr(state, "type", None) == StateType.CANCELLING:
+                await upkeep.finish_cancel(self.client, flow_run, message="Cancelled while running")
+        finally:
+            self.active.pop(flow_run.id, None)
+        return DeliveryResult(identifier=str(flow_run.id), status_code=0)
 
-    async def _finish_cancel(
-        self, client: PrefectClient, run: FlowRun, *, message: str = "Cancelled by campaign-trigger"
+    async def kill_infrastructure(
+        self, infrastructure_pid: str, configuration: BaseJobConfiguration, grace_seconds: int = 30
     ) -> None:
-        await prefect_runs.cancel_claimed(client, run.id, message=message)
-        request_id = str(run.parameters.get("request_id", ""))
-        if request_id:
-            await asyncio.to_thread(set_state, request_id, RequestState.canceled)
+        """A pending run is cancelled by the server's state alone: nothing runs yet."""
+        return None
 
-
-def share_prefect_ssl_contexts() -> None:
-    """Make Prefect clients of this process share their SSL context.
-
-    Every ``PrefectClient`` builds a fresh ``ssl.create_default_context(cafile=...)``,
-    loading the CA bundle (~50 ms of CPU), even for a plain-HTTP API; the flow engine
-    makes several clients per run, which profiling showed to be the worker's largest
-    cost (a quarter of a core at 3 runs/s). Contexts are safe to share; this caches
-    them per arguments, for the Prefect client module only.
-    """
-    import prefect.client.orchestration as orchestration
-
-    namespace = vars(orchestration)
-    if not isinstance(namespace.get("ssl"), _SharedSSL):
-        namespace["ssl"] = _SharedSSL()
-
-
-class _SharedSSL:
-    """The ``ssl`` module, with ``create_default_context`` cached per arguments."""
-
-    def __init__(self) -> None:
-        self._contexts: dict[tuple[Any, ...], ssl.SSLContext] = {}
-
-    def create_default_context(self, *args: Any, **kwargs: Any) -> ssl.SSLContext:
-        key = (args, tuple(sorted(kwargs.items())))
-        context = self._contexts.get(key)
-        if context is None:
-            context = self._contexts[key] = ssl.create_default_context(*args, **kwargs)
-        return context
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(ssl, name)
-
-
-async def _sleep(stop: asyncio.Event, seconds: float, *events: asyncio.Event) -> None:
-    waiters = [asyncio.ensure_future(e.wait()) for e in (stop, *events)]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+    def stop_run(self, flow_run_id: UUID) -> asyncio.Task[Any] | None:
+        """Cancel the asyncio task executing ``flow_run_id`` (if this worker runs it)."""
+        task = self.active.get(flow_run_id)
+        if task is not None:
+            task.cancel()
+        return task
 
 
 async def run_worker(
-    *, concurrency: int, stop: asyncio.Event | None = None, **options: Any
+    *,
+    concurrency: int,
+    chunk_concurrency: int = 2,
+    stop: asyncio.Event | None = None,
+    poll_seconds: float = 0.5,
+    prefetch_seconds: float = 1.5,
+    heartbeat_seconds: int = 10,
+    reconcile: bool = True,
 ) -> None:
-    """Run a worker until ``stop`` is set (options: see :class:`Worker`)."""
-    await Worker(concurrency=concurrency, **options).run(stop or asyncio.Event())
+    """Run a delivery worker process until ``stop`` is set: a Prefect worker of the pool's
+    ``default`` queue (requests, ``concurrency`` at a time), one of its ``chunks`` queue
+    (the shares of large requests, ``chunk_concurrency`` at a time: a request waiting for
+    its shares never holds the slots they need), and the upkeep loops."""
+    stop = stop or asyncio.Event()
+    share_prefect_ssl_contexts()
+    await upkeep.until_prefect_answers(ensure_deployments, stop)
+    if stop.is_set():
+        return
+    name = new_worker_name()
+    workers = [
+        DeliveryWorker(
+            concurrency=limit,
+            queue=queue,
+            name=f"{name}-{queue}",
+            prefetch_seconds=prefetch_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+        )
+        for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
+    ]
+    # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
+    with temporary_settings(
+        {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
+    ):
+        serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
+        loops = asyncio.gather(
+            upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
+        )
+        logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
+        try:
+            await stop.wait()
+        finally:
+            active = [task for w in workers for task in w.active.values()]
+            if active:
+                logger.info("waiting for %d runs to finish", len(active))
+                await asyncio.gather(*active, return_exceptions=True)
+            for task in serving:
+                task.cancel()
+            loops.cancel()
+            await asyncio.gather(*serving, loops, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await close_providers()
 
 
 def main(*, concurrency: int = 4, **options: Any) -> None:
@@ -354,20 +280,3 @@ def main(*, concurrency: int = 4, **options: Any) -> None:
         await run_worker(concurrency=concurrency, stop=stop, **options)
 
     asyncio.run(serve())
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--poll-seconds", type=float, default=0.5)
-    parser.add_argument("--prefetch-seconds", type=float, default=1.5)
-    parser.add_argument("--heartbeat-seconds", type=float, default=5.0)
-    parser.add_argument("--stale-after-seconds", type=float, default=30.0)
-    args = parser.parse_args()
-    main(
-        concurrency=args.concurrency,
-        poll_seconds=args.poll_seconds,
-        prefetch_seconds=args.prefetch_seconds,
-        heartbeat_seconds=args.heartbeat_seconds,
-        stale_after_seconds=args.stale_after_seconds,
-    )

@@ -1,14 +1,16 @@
-"""The ``deliver-request`` flow: one run per request, its state the request's state."""
+"""The delivery flows: ``deliver-request`` (one run per request, its state the request's
+state) and ``deliver-chunks`` (a share of a large request's chunks, on any worker)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import Cancelled
 
+from campaign_trigger.config import get_settings
+from campaign_trigger.flows.fan_out import fan_out
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.tasks import artifacts
 from campaign_trigger.tasks.delivery import (
@@ -16,31 +18,28 @@ from campaign_trigger.tasks.delivery import (
     deliver_chunk,
     mark_failed,
     prepare_delivery,
+    read_plan,
 )
-
-CHUNKS_IN_FLIGHT = 2  # overlap one chunk's database writes with the next one's sends
 
 
 def _on_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
     mark_failed(str(flow_run.parameters["request_id"]))
 
 
-async def _deliver_chunks(plan: DeliveryPlan, todo: list[int]) -> None:
-    """One task run per chunk, two in flight, with a progress artifact."""
+async def _deliver_here(plan: DeliveryPlan, todo: list[int], *, progress: bool) -> None:
+    """One task run per chunk, one after the other (a chunk's database writes already
+    overlap its sends), with a progress artifact if asked."""
     done = plan.chunk_count - len(todo)
-    progress = await artifacts.start_progress(chunk_count=plan.chunk_count, done=done)
-    in_flight = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
-
-    async def one_chunk(chunk_no: int) -> None:
-        nonlocal done
-        async with in_flight:
-            await deliver_chunk.with_options(
-                task_run_name=f"deliver chunk {chunk_no + 1}/{plan.chunk_count}"
-            )(plan, chunk_no)
-            done += 1
-            await artifacts.update_progress(progress, chunk_count=plan.chunk_count, done=done)
-
-    await asyncio.gather(*(one_chunk(n) for n in todo))
+    artifact = None
+    if progress:
+        artifact = await artifacts.start_progress(chunk_count=plan.chunk_count, done=done)
+    for chunk_no in todo:
+        await deliver_chunk.with_options(
+            task_run_name=f"deliver chunk {chunk_no + 1}/{plan.chunk_count}"
+        )(plan, chunk_no)
+        done += 1
+        if artifact is not None:
+            await artifacts.update_progress(artifact, chunk_count=plan.chunk_count, done=done)
 
 
 @flow(
@@ -51,17 +50,29 @@ async def _deliver_chunks(plan: DeliveryPlan, todo: list[int]) -> None:
 )
 async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
     """Deliver a request: gate, wait for its send time, chunks, report."""
-    plan = await prepare_delivery.fn(request_id)
+    plan = await prepare_delivery(request_id)
     if plan.canceled:
         return Cancelled(message="The request was cancelled before its start")
     # Chunks prepare (audience, rendering, connections) before send_at and wait for it
     # just before their first send: never early, and no preparation after the bell.
-    todo = [n for n in range(plan.chunk_count) if n not in plan.recorded]
-    if plan.chunk_count == 1:
-        for chunk_no in todo:
-            await deliver_chunk.fn(plan, chunk_no)
-    elif todo:
-        await _deliver_chunks(plan, todo)
-    summary = await assemble_report.fn(plan)
+    per_run = get_settings().chunks_per_run
+    if plan.chunk_count > per_run:  # large: every worker takes a share
+        # Decided on the chunk count, never on what is left: a taken-over run must wait
+        # for the shares it made, which may still be running elsewhere.
+        todo = sorted(await fan_out(plan, per_run=per_run))
+    else:
+        todo = [n for n in range(plan.chunk_count) if n not in plan.recorded]
+    if todo:
+        await _deliver_here(plan, todo, progress=plan.chunk_count > 1)
+    summary = await assemble_report(plan)
     await artifacts.publish_summary(request_id=request_id, summary=summary)
     return {name or "sent": count for name, count in summary.totals().items()}
+
+
+@flow(name="deliver-chunks", persist_result=False)
+async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int:
+    """Deliver a share of a request's chunks (the request's run made this its subflow)."""
+    plan = await read_plan(request_id)
+    todo = [n for n in chunk_nos if n not in plan.recorded]
+    await _deliver_here(plan, todo, progress=False)
+    return len(todo)

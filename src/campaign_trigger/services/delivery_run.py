@@ -10,19 +10,17 @@ cancel of a request still in the outbox.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sqlalchemy import update
-from sqlmodel import col
+from sqlmodel import Session, col
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignTriggerError, RequestNotFound
-from campaign_trigger.services import audience
-from campaign_trigger.services.delivering import ChunkJob, recorded_chunks
-from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.files import get_storage
+from campaign_trigger.services import audience, request_states
+from campaign_trigger.services.delivering import ChunkJob
+from campaign_trigger.services.outcome_log import recorded_chunks
 from campaign_trigger.store.models import Campaign, Channel, Request, RequestState
 
 
@@ -61,76 +59,69 @@ class DeliveryPlan:
         )
 
 
-def _claim(request_id: str) -> bool:
-    with session_scope() as session:
-        result = session.execute(
-            update(Request)
-            .where(col(Request.id) == request_id)
-            .where(col(Request.state) != RequestState.canceled)
-            .values(state=RequestState.running)
-        )
-        return bool(getattr(result, "rowcount", 0))
+def _claim(session: Session, request_id: str) -> bool:
+    result = session.execute(
+        update(Request)
+        .where(col(Request.id) == request_id)
+        .where(col(Request.state) != RequestState.canceled)
+        .values(state=RequestState.running)
+    )
+    return bool(getattr(result, "rowcount", 0))
 
 
-def set_state(request_id: str, state: RequestState) -> None:
-    with session_scope() as session:
-        session.execute(update(Request).where(col(Request.id) == request_id).values(state=state))
+def own_run(*, session: Session, request_id: str, owner: str) -> None:
+    """Note the worker that claimed the request's run (after Prefect accepted its claim)."""
+    session.execute(update(Request).where(col(Request.id) == request_id).values(run_owner=owner))
 
 
-def load_request(request_id: str) -> tuple[Request, Campaign]:
-    with session_scope() as session:
-        request = session.get(Request, request_id)
-        if request is None:
-            raise RequestNotFound(request_id)
-        campaign = session.get(Campaign, request.campaign_id)
-        if campaign is None:
-            raise RequestNotFound(request_id)
-        return request, campaign
+def load_request(*, session: Session, request_id: str) -> tuple[Request, Campaign]:
+    request = session.get(Request, request_id)
+    if request is None:
+        raise RequestNotFound(request_id)
+    campaign = session.get(Campaign, request.campaign_id)
+    if campaign is None:
+        raise RequestNotFound(request_id)
+    return request, campaign
 
 
-def _fixed_chunk_size(settings: Settings, request_id: str) -> int:
-    """The chunk size of the request's first run (stored), so re-runs chunk alike."""
-    storage = get_storage(settings)
-    key = f"work/{request_id}/plan.json"
-    if storage.exists(key):
-        with storage.open(key, "rb") as handle:
-            return int(json.loads(handle.read())["chunk_size"])
-    with storage.open(key, "wb") as handle:
-        handle.write(json.dumps({"chunk_size": settings.chunk_size}).encode())
-    return settings.chunk_size
-
-
-def start_delivery(
-    settings: Settings, request_id: str, *, now: datetime | None = None
-) -> DeliveryPlan:
-    """Load, gate and claim the request; read its messages; find recorded chunks."""
-    request, campaign = load_request(request_id)
-    plan = DeliveryPlan(
+def read_plan(*, session: Session, request_id: str) -> DeliveryPlan:
+    """The request's delivery as it stands (no gate, no claim): for a share of its
+    chunks run elsewhere."""
+    request, campaign = load_request(session=session, request_id=request_id)
+    return DeliveryPlan(
         request_id=request.id,
         campaign_id=campaign.id,
         channel=campaign.channel,
         title=campaign.title,
         body=campaign.body,
         send_at=request.send_at,
-        apps=tuple(audience.campaign_apps(campaign.id)),
-        message_count=0,
-        chunk_size=settings.chunk_size,
-        chunk_count=0,
+        apps=tuple(audience.campaign_apps(session=session, campaign_id=campaign.id)),
+        message_count=request.message_count,
+        chunk_size=request.chunk_size,
+        chunk_count=audience.chunk_count(request.message_count, request.chunk_size),
+        recorded=recorded_chunks(session=session, request_id=request_id),
     )
-    if request.state == RequestState.canceled or not _claim(request_id):
+
+
+def start_delivery(
+    *, session: Session, settings: Settings, request_id: str, now: datetime | None = None
+) -> DeliveryPlan:
+    """Load, gate and claim the request; find its chunks already recorded.
+
+    Commits: the claim (or the failure of a stale request) stands whatever follows.
+    """
+    request = load_request(session=session, request_id=request_id)[0]
+    plan = read_plan(session=session, request_id=request_id)
+    if request.state == RequestState.canceled or not _claim(session, request_id):
         plan.canceled = True
         return plan
     lateness = ((now or datetime.now(UTC)) - request.send_at).total_seconds()
-    recorded = recorded_chunks(request_id)
-    if lateness > settings.max_lateness_seconds and not recorded:
-        set_state(request_id, RequestState.failed)
+    if lateness > settings.max_lateness_seconds and not plan.recorded:
+        request_states.set_state(session=session, request_id=request_id, state=RequestState.failed)
+        session.commit()
         raise StaleRequest(
             f"Not sent: the send time passed {int(lateness)} s ago, more than the "
             f"{settings.max_lateness_seconds} s allowed (max_lateness_seconds)"
         )
-    messages = audience.load_messages(settings, request)
-    plan.chunk_size = _fixed_chunk_size(settings, request_id)
-    plan.message_count = messages.num_rows
-    plan.chunk_count = audience.chunk_count(messages.num_rows, plan.chunk_size)
-    plan.recorded = recorded
+    session.commit()
     return plan

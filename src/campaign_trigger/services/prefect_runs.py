@@ -36,10 +36,13 @@ logger = logging.getLogger(__name__)
 FLOW_NAME = "deliver-request"
 DEPLOYMENT_NAME = "default"
 DEPLOYMENT_FULL_NAME = f"{FLOW_NAME}/{DEPLOYMENT_NAME}"
+CHUNKS_DEPLOYMENT_FULL_NAME = "deliver-chunks/default"
 BULK_LIMIT = 100  # the server's BULK_CREATE_LIMIT for create_flow_run/bulk
 PAGE_LIMIT = 200  # the server's largest page of flow runs
 
 CANCEL_CLAIM_MESSAGE = "campaign-trigger: claimed to cancel"
+# The dead-run automation's verdict (deployments/register.py): a worker takes such a run over.
+DEAD_RUN_MESSAGE = "Its worker stopped sending heartbeats: taken over by another worker"
 WORKER_CLAIM_PREFIX = "campaign-trigger worker "
 
 _deployment_ids: dict[str, UUID] = {}
@@ -55,13 +58,14 @@ class RunToCreate:
     send_at: datetime
 
 
-async def deployment_id(client: PrefectClient) -> UUID:
-    """The id of ``deliver-request/default`` on the current server (cached per API URL)."""
-    api_url = str(PREFECT_API_URL.value())
-    cached = _deployment_ids.get(api_url)
+async def deployment_id(client: PrefectClient, name: str = DEPLOYMENT_FULL_NAME) -> UUID:
+    """The id of a delivery deployment (``deliver-request/default`` unless ``name``) on the
+    current server (cached per API URL)."""
+    key = f"{PREFECT_API_URL.value()} {name}"
+    cached = _deployment_ids.get(key)
     if cached is None:
-        deployment = await client.read_deployment_by_name(DEPLOYMENT_FULL_NAME)
-        cached = _deployment_ids[api_url] = deployment.id
+        deployment = await client.read_deployment_by_name(name)
+        cached = _deployment_ids[key] = deployment.id
     return cached
 
 
@@ -197,11 +201,14 @@ async def due_runs(client: PrefectClient, *, before: datetime, limit: int) -> li
 async def runs_in_states(
     client: PrefectClient, *, states: list[StateType], ids: list[UUID] | None = None
 ) -> list[FlowRun]:
-    """deliver-request runs in ``states`` (e.g. Pending/Running, to find orphans)."""
-    dep_id = await deployment_id(client)
+    """Delivery runs (of requests and of their chunks) in ``states``."""
+    deployments = [
+        await deployment_id(client),
+        await deployment_id(client, CHUNKS_DEPLOYMENT_FULL_NAME),
+    ]
     return await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(
-            deployment_id=FlowRunFilterDeploymentId(any_=[dep_id]),
+            deployment_id=FlowRunFilterDeploymentId(any_=deployments),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states)),
             id=FlowRunFilterId(any_=ids) if ids else None,
         ),

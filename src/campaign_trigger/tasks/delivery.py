@@ -1,32 +1,76 @@
 """The delivery steps of a request: prepare, deliver a chunk, assemble the report.
 
-Each step is a thin wrapper over a service (``services/delivery_run``,
-``services/delivering``, ``services/reports``): the business rules live there.
-A task run costs ~0.2 s of client CPU, so only chunk deliveries of multi-chunk
-requests are task runs (``deliver chunk 3/40``); preparing, a single chunk and the
-report run inside the flow run (``.fn``), which keeps a one-message request close
-to the cost of an empty flow run (DESIGN §6).
-Blocking database and file work runs in a thread, so one worker process can run
-several requests' flows on one event loop. Logs carry counts, never personal data.
+Each step is a task run of the request's flow run (the Prefect UI shows ``prepare
+delivery``, ``deliver chunk 3/40``, ``assemble report``, with their logs and timings)
+and a thin wrapper over a service (``services/delivery_run``, ``services/delivering``,
+``services/reports``): the business rules live there. The tasks are the edge that
+opens the database session a service works in. Blocking database and file work runs
+in a thread, so one worker process can run several requests' flows on one event
+loop. Logs carry counts, never personal data.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
 
 from campaign_trigger.config import get_settings
-from campaign_trigger.services import audience, delivering, delivery_run, reports
+from campaign_trigger.errors import CampaignTriggerError
+from campaign_trigger.services import (
+    delivering,
+    delivery_run,
+    message_file,
+    outcome_log,
+    reports,
+    request_states,
+)
 from campaign_trigger.services.delivery_run import DeliveryPlan
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.files import get_storage, messages_key
 from campaign_trigger.store.models import RequestState
 
 
-@task(name="prepare delivery", cache_policy=NO_CACHE, persist_result=False)
+def _worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Retry a step that failed on the way (a database or storage hiccup), never one the
+    service refused on purpose (a stale or unknown request): a step is safe to retry,
+    since a chunk resumes at its first unrecorded message."""
+    try:
+        state.result(raise_on_failure=True)
+    except CampaignTriggerError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+RETRIES: dict[str, Any] = {
+    "retries": 2,
+    "retry_delay_seconds": [2, 10],
+    "retry_condition_fn": _worth_retrying,
+}
+
+
+@task(
+    name="prepare delivery",
+    task_run_name="prepare delivery",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    **RETRIES,
+)
 async def prepare_delivery(request_id: str) -> DeliveryPlan:
-    """Gate and claim the request, read its messages, find the chunks already recorded."""
-    plan = await asyncio.to_thread(delivery_run.start_delivery, get_settings(), request_id)
+    """Gate and claim the request, find the chunks already recorded."""
+
+    def prepare() -> DeliveryPlan:
+        with session_scope() as session:
+            return delivery_run.start_delivery(
+                session=session, settings=get_settings(), request_id=request_id
+            )
+
+    plan = await asyncio.to_thread(prepare)
     get_run_logger().info(
         "%d messages, %d apps, %d chunks of %d (%d already recorded)%s",
         plan.message_count,
@@ -39,40 +83,86 @@ async def prepare_delivery(request_id: str) -> DeliveryPlan:
     return plan
 
 
-@task(name="deliver chunk", cache_policy=NO_CACHE, persist_result=False)
+@task(
+    name="read plan",
+    task_run_name="read plan",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    **RETRIES,
+)
+async def read_plan(request_id: str) -> DeliveryPlan:
+    """The request's delivery (for a share of its chunks run apart from its own run)."""
+
+    def read() -> DeliveryPlan:
+        with session_scope() as session:
+            return delivery_run.read_plan(session=session, request_id=request_id)
+
+    return await asyncio.to_thread(read)
+
+
+async def recorded_chunks(request_id: str) -> set[int]:
+    """The request's complete chunks (a read, no task run)."""
+
+    def read() -> set[int]:
+        with session_scope() as session:
+            return outcome_log.recorded_chunks(session=session, request_id=request_id)
+
+    return await asyncio.to_thread(read)
+
+
+@task(name="deliver chunk", cache_policy=NO_CACHE, persist_result=False, **RETRIES)
 async def deliver_chunk(plan: DeliveryPlan, chunk_no: int) -> delivering.ChunkResult:
     """Render, send and record one chunk, exactly once."""
     settings = get_settings()
-    request, _ = await asyncio.to_thread(delivery_run.load_request, plan.request_id)
-    messages = await asyncio.to_thread(audience.load_messages, settings, request)
-    result = await delivering.deliver_chunk(settings, plan.job(chunk_no), messages)
+    chunk = await asyncio.to_thread(
+        message_file.read_chunk,
+        storage=get_storage(settings),
+        key=messages_key(plan.request_id),
+        chunk_no=chunk_no,
+    )
+    with session_scope() as session:
+        result = await delivering.process_chunk(
+            session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
+        )
     logger = get_run_logger()
     if result.skipped:
         logger.info("chunk %d/%d already recorded: skipped", chunk_no + 1, plan.chunk_count)
     else:
         logger.info(
-            "chunk %d/%d: %s",
+            "chunk %d/%d: %s%s",
             chunk_no + 1,
             plan.chunk_count,
             ", ".join(f"{k or 'sent'}={v}" for k, v in sorted(result.outcomes.items())),
+            f" ({result.resumed} recorded by an interrupted run)" if result.resumed else "",
         )
     return result
 
 
-@task(name="assemble report", cache_policy=NO_CACHE, persist_result=False)
+@task(
+    name="assemble report",
+    task_run_name="assemble report",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    **RETRIES,
+)
 async def assemble_report(plan: DeliveryPlan) -> reports.ReportSummary:
     """Write one CSV per app and mark the request processed."""
-    summary = await asyncio.to_thread(
-        reports.write_reports,
-        get_settings(),
-        request_id=plan.request_id,
-        campaign_id=plan.campaign_id,
-        app_ids=[app.app_id for app in plan.apps],
-    )
-    await asyncio.to_thread(
-        reports.mark_processed, request_id=plan.request_id, report_paths=summary.report_paths
-    )
-    audience.forget_messages(plan.request_id)
+
+    def assemble() -> reports.ReportSummary:
+        with session_scope() as session:
+            summary = reports.write_reports(
+                session=session,
+                settings=get_settings(),
+                request_id=plan.request_id,
+                campaign_id=plan.campaign_id,
+                app_ids=[app.app_id for app in plan.apps],
+            )
+            reports.mark_processed(
+                session=session, request_id=plan.request_id, report_paths=summary.report_paths
+            )
+            return summary
+
+    summary = await asyncio.to_thread(assemble)
     get_run_logger().info(
         "report: %d files, %d rows", len(summary.report_paths), sum(summary.totals().values())
     )
@@ -81,4 +171,5 @@ async def assemble_report(plan: DeliveryPlan) -> reports.ReportSummary:
 
 def mark_failed(request_id: str) -> None:
     """The run failed or crashed: mirror it on the request."""
-    delivery_run.set_state(request_id, RequestState.failed)
+    with session_scope() as session:
+        request_states.set_state(session=session, request_id=request_id, state=RequestState.failed)

@@ -1,0 +1,164 @@
+"""What a delivery worker process does beside Prefect's own worker loops.
+
+* the outbox reconciler (``services.scheduling.run_reconciler``);
+* stopping a run of this worker cancelled while running (the UI's Cancel: Cancelling);
+* taking over the runs of dead workers. Liveness is Prefect's: every run sends
+  flow-run heartbeats, and the automation ``register.ZOMBIE_AUTOMATION`` marks a run
+  Crashed (message :data:`register.ZOMBIE_MESSAGE`) when they stop. A worker with a
+  free slot claims such a run (Crashed -> Pending: accepted once, a second worker's
+  claim is refused) and runs it; the flow skips what the dead worker recorded. If the
+  taker dies too, its run stops heartbeating and is marked dead again. A run a cancel
+  had claimed is cancelled instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from prefect import get_client
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.objects import FlowRun, StateType
+
+from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
+from campaign_trigger.services import delivery_run, prefect_runs, request_states, scheduling
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import RequestState
+
+if TYPE_CHECKING:
+    from campaign_trigger.deployments.worker import DeliveryWorker
+
+logger = logging.getLogger(__name__)
+
+
+def _request_of(run: FlowRun) -> str:
+    return str(run.parameters.get("request_id", ""))
+
+
+def _worker_of(message: str | None) -> str | None:
+    if message and message.startswith(prefect_runs.WORKER_CLAIM_PREFIX):
+        return message.removeprefix(prefect_runs.WORKER_CLAIM_PREFIX).split(" ", 1)[0]
+    return None
+
+
+async def own_run(run: FlowRun, *, owner: str) -> None:
+    """Note on the request which worker claimed its run."""
+
+    def write() -> None:
+        with session_scope() as session:
+            delivery_run.own_run(session=session, request_id=_request_of(run), owner=owner)
+
+    await asyncio.to_thread(write)
+
+
+async def finish_cancel(
+    client: PrefectClient, run: FlowRun, *, message: str = "Cancelled by campaign-trigger"
+) -> None:
+    """The run is Cancelled, and so is its request."""
+    await prefect_runs.cancel_claimed(client, run.id, message=message)
+
+    def write() -> None:
+        with session_scope() as session:
+            request_states.set_state(
+                session=session, request_id=_request_of(run), state=RequestState.canceled
+            )
+
+    await asyncio.to_thread(write)
+
+
+async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    """Run ``action`` until it succeeds (the Prefect server may still be starting)."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            await action()
+            return
+        except Exception as exc:
+            logger.warning("Prefect not ready yet: %r", exc)
+            await _sleep(stop, delay)
+            delay = min(delay * 2, 10.0)
+
+
+async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClient) -> None:
+    """Runs of this worker set Cancelling (the UI's Cancel on a started run): stop them.
+
+    The messages in flight are abandoned (their outcomes are not recorded); the run ends
+    Cancelled and the request is mirrored as canceled.
+    """
+    active = [run_id for worker in workers for run_id in worker.active]
+    if not active:
+        return
+    runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
+    for run in runs:
+        tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
+        if not tasks:
+            continue
+        task = tasks[0]
+        logger.warning("run %s was cancelled while running: stopping it", run.id)
+        await asyncio.gather(task, return_exceptions=True)
+        await finish_cancel(client, run, message="Cancelled while running")
+
+
+async def _claimer(client: PrefectClient, run: FlowRun) -> str | None:
+    """The message of the run's latest Pending state: who claimed it."""
+    states = await client.read_flow_run_states(run.id)
+    pending = [s for s in states if s.type == StateType.PENDING]
+    return pending[-1].message if pending else None
+
+
+async def retake_dead_runs(workers: list[DeliveryWorker], client: PrefectClient) -> int:
+    """Take over the runs Prefect marked dead, while the worker of their queue has free
+    slots."""
+    by_queue = {worker.queue: worker for worker in workers}
+    taken = 0
+    for run in await prefect_runs.runs_in_states(client, states=[StateType.CRASHED]):
+        if run.state is None or run.state.message != ZOMBIE_MESSAGE:
+            continue  # crashed for another reason: the request failed, it stays so
+        worker = by_queue.get(run.work_queue_name or "default")
+        if worker is None:
+            continue
+        if await _claimer(client, run) == prefect_runs.CANCEL_CLAIM_MESSAGE:
+            await finish_cancel(client, run)
+            continue
+        if await worker.take_over(run):
+            logger.warning("run %s of a dead worker: taken over", run.id)
+            taken += 1
+    return taken
+
+
+async def _every(
+    seconds: float,
+    stop: asyncio.Event,
+    what: str,
+    step: Callable[[PrefectClient], Awaitable[object]],
+) -> None:
+    async with get_client() as client:
+        while not stop.is_set():
+            try:
+                await step(client)
+            except Exception as exc:
+                logger.warning("%s failed: %r", what, exc)
+            await _sleep(stop, seconds)
+
+
+async def run_loops(
+    workers: list[DeliveryWorker], *, stop: asyncio.Event, poll_seconds: float, reconcile: bool
+) -> None:
+    """The upkeep loops of a worker process, until ``stop``."""
+    loops = [
+        _every(2.0, stop, "cancel watch", lambda c: stop_cancelled_runs(workers, c)),
+        _every(2.0, stop, "dead-run sweep", lambda c: retake_dead_runs(workers, c)),
+    ]
+    if reconcile:
+        loops.append(
+            scheduling.run_reconciler(sessions=session_scope, stop=stop, interval=poll_seconds)
+        )
+    await asyncio.gather(*loops)
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -1,0 +1,121 @@
+"""The delivery worker is a Prefect worker of its pool: it shows in the pool's worker
+list, a paused pool gets nothing claimed, a pool concurrency limit of one runs one
+delivery at a time, and every request's steps are task runs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.actions import WorkPoolUpdate
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from campaign_trigger.delivery.sandbox_rules import SandboxState
+from campaign_trigger.deployments.catalog import DELIVERY_POOL
+from delivery_support import (
+    DeviceSpec,
+    add_devices,
+    add_request,
+    drain,
+    read_run,
+    seed_tenant,
+    state_name,
+    wait_for_state,
+)
+from support import ManagedProcess
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture
+async def pool_settings(deployed: ManagedProcess) -> AsyncIterator[None]:
+    """Whatever a test changes of the delivery pool is undone after it."""
+    yield
+    async with get_client() as client:
+        await client.update_work_pool(
+            DELIVERY_POOL, WorkPoolUpdate(is_paused=False, concurrency_limit=None)
+        )
+
+
+def _one_user_requests(count: int) -> list[str]:
+    tenant = seed_tenant()
+    tag = uuid.uuid4().hex[:6]
+    users = [f"w-{tag}-{n}" for n in range(count)]
+    add_devices([DeviceSpec(tenant.android, f"d-{u}", u, f"tok-{u}") for u in users])
+    return [add_request(tenant, [u], send_at=datetime.now(UTC)) for u in users]
+
+
+async def test_the_worker_shows_online_in_its_pools_worker_list(worker: None) -> None:
+    deadline = time.monotonic() + 30
+    async with get_client() as client:
+        while True:
+            workers = await client.read_workers_for_work_pool(DELIVERY_POOL)
+            online = [w for w in workers if w.status.value == "ONLINE"]
+            if online:
+                break
+            assert time.monotonic() < deadline, workers
+            await asyncio.sleep(0.5)
+    assert all(w.last_heartbeat_time is not None for w in online)
+
+
+async def test_a_paused_pool_gets_no_run_claimed_until_it_is_resumed(
+    worker: None, pool_settings: None
+) -> None:
+    async with get_client() as client:
+        await client.update_work_pool(DELIVERY_POOL, WorkPoolUpdate(is_paused=True))
+    [request_id] = _one_user_requests(1)
+    await drain()
+    await asyncio.sleep(4)  # several polls of the worker
+    run = await read_run(request_id)
+    assert state_name(run) == "SCHEDULED"
+    async with get_client() as client:
+        await client.update_work_pool(DELIVERY_POOL, WorkPoolUpdate(is_paused=False))
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
+    assert state_name(run) == "COMPLETED"
+
+
+async def test_a_pool_concurrency_limit_of_one_runs_one_delivery_at_a_time(
+    worker: None, pool_settings: None, sandbox_state: SandboxState
+) -> None:
+    async with get_client() as client:
+        await client.update_work_pool(DELIVERY_POOL, WorkPoolUpdate(concurrency_limit=1))
+    sandbox_state.configure(latency_ms=700)  # each delivery lasts at least 0.7 s
+    try:
+        requests = _one_user_requests(3)
+        await drain()
+        runs = [await wait_for_state(r, "COMPLETED", "FAILED", timeout=90) for r in requests]
+    finally:
+        sandbox_state.configure(latency_ms=0)
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs]))
+        )
+    spans = sorted((r.start_time, r.end_time) for r in runs)
+    assert all(start is not None and end is not None for start, end in spans)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start  # type: ignore[operator]  # never two at once
+
+
+async def test_a_one_message_request_shows_its_steps_as_completed_task_runs(
+    worker: None,
+) -> None:
+    [request_id] = _one_user_requests(1)
+    await drain()
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
+    assert state_name(run) == "COMPLETED"
+    async with get_client() as client:
+        task_runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
+    steps = {t.name: t.state.type.value if t.state else None for t in task_runs}
+    assert steps == {
+        "prepare delivery": "COMPLETED",
+        "deliver chunk 1/1": "COMPLETED",
+        "assemble report": "COMPLETED",
+    }

@@ -1,0 +1,78 @@
+"""A request of more chunks than CT_CHUNKS_PER_RUN hands shares of them to any worker as
+``deliver-chunks`` subflow runs; the report is complete and every device gets one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+from campaign_trigger.config import get_settings
+from delivery_support import (
+    add_devices,
+    add_request,
+    bulk_audience,
+    drain,
+    read_report,
+    sandbox_stats,
+    seed_tenant,
+    state_name,
+    wait_for_state,
+)
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture
+def four_chunks_per_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("CT_CHUNKS_PER_RUN", "4")
+    get_settings.cache_clear()
+    yield
+    monkeypatch.delenv("CT_CHUNKS_PER_RUN")
+    get_settings.cache_clear()
+
+
+async def test_a_large_request_is_delivered_through_subflow_shares(
+    four_chunks_per_run: None, worker: None, sandbox_url: str
+) -> None:
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=21, prefix=f"fan-{uuid.uuid4().hex[:6]}")
+    add_devices(audience.devices)
+    # 21 messages in chunks of 3: 7 chunks, more than the 4 a run keeps for itself.
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=3)
+    await drain()
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=120)
+    assert state_name(run) == "COMPLETED", run.state
+
+    async with get_client() as client:
+        shares = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
+            )
+        )
+        names = {(await client.read_flow(s.flow_id)).name for s in shares}
+        chunk_runs = {
+            share.name: sorted(
+                t.name
+                for t in await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id={"any_": [share.id]})  # type: ignore[arg-type]
+                )
+                if t.name.startswith("deliver chunk")
+            )
+            for share in shares
+        }
+    assert names == {"deliver-chunks"}
+    assert sorted(s.parameters["chunk_nos"] for s in shares) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert {s.state.type.value for s in shares if s.state} == {"COMPLETED"}
+    assert sorted(n for runs in chunk_runs.values() for n in runs) == [
+        f"deliver chunk {k}/7" for k in range(1, 8)
+    ]
+
+    rows = read_report(request_id)
+    assert sorted(r["user_id"] for r in rows[tenant.android]) == sorted(audience.users)
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(d.token) for d in audience.devices] == [1] * len(audience.devices)

@@ -1,0 +1,89 @@
+"""Two workers take over the same dead run at the same instant: it runs once.
+
+A run whose worker died is marked Crashed by the dead-run automation; each worker's
+sweep claims it with Crashed -> Pending, which the Prefect server accepts once and
+refuses to the second claimant (Pending -> Pending). Here the automation's verdict is
+written directly (the same state and message) so that both sweeps race on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from prefect import get_client
+from prefect.states import Crashed, Running
+
+from campaign_trigger.deployments import upkeep
+from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
+from campaign_trigger.deployments.worker import DeliveryWorker
+from campaign_trigger.services import prefect_runs
+from delivery_support import (
+    DeviceSpec,
+    add_devices,
+    add_request,
+    drain,
+    load_request,
+    sandbox_stats,
+    seed_tenant,
+    state_name,
+    wait_for_state,
+)
+from support import ManagedProcess
+
+pytestmark = [pytest.mark.slow]
+
+TRIALS = 20
+
+
+async def _left_crashed_by_a_dead_worker(request_id: str, ghost: str) -> None:
+    """The run as the automation leaves it: claimed by the ghost, Running, then Crashed."""
+    flow_run_id = load_request(request_id).flow_run_id
+    assert flow_run_id is not None
+    async with get_client() as client:
+        claimed = await prefect_runs.claim(
+            client, flow_run_id, message=f"{prefect_runs.WORKER_CLAIM_PREFIX}{ghost}"
+        )
+        assert claimed
+        await client.set_flow_run_state(flow_run_id, Running(), force=True)
+        await client.set_flow_run_state(flow_run_id, Crashed(message=ZOMBIE_MESSAGE))
+
+
+async def test_two_workers_taking_over_the_same_dead_run_run_it_once(
+    deployed: ManagedProcess, sandbox_url: str
+) -> None:
+    tenant = seed_tenant()
+    tag = uuid.uuid4().hex[:6]
+    workers = [DeliveryWorker(concurrency=4), DeliveryWorker(concurrency=4)]
+    taken_by = {w.name: 0 for w in workers}
+    async with workers[0] as first, workers[1] as second:
+        for trial in range(TRIALS):
+            user = f"recover-{tag}-{trial}"
+            add_devices([DeviceSpec(tenant.android, f"d-{user}", user, f"tok-{user}")])
+            request_id = add_request(tenant, [user], send_at=datetime.now(UTC))
+            await drain()
+            await _left_crashed_by_a_dead_worker(request_id, ghost=f"ghost-{tag}-{trial}")
+
+            async with get_client() as client:
+                await asyncio.gather(
+                    upkeep.retake_dead_runs([first], client),
+                    upkeep.retake_dead_runs([second], client),
+                )
+            run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=60)
+            assert state_name(run) == "COMPLETED", run.state
+            async with get_client() as client:
+                states = await client.read_flow_run_states(run.id)
+            claims = [
+                s.message
+                for s in states
+                if s.type.value == "PENDING" and s.message and "ghost" not in s.message
+            ]
+            assert len(claims) == 1, claims  # one claim accepted, the other refused
+            owner = load_request(request_id).run_owner
+            assert owner in taken_by
+            taken_by[owner] += 1
+            assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{user}") == 1, trial
+    print(f"taken over {taken_by}")
+    assert sum(taken_by.values()) == TRIALS
