@@ -118,7 +118,8 @@ def main() -> None:
                     sys.executable,
                     *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
                     "-m",
-                    "campaign_trigger.deployments.worker",
+                    "campaign_trigger.cli",
+                    "worker",
                     "--concurrency",
                     "32",
                 ],
@@ -144,8 +145,12 @@ async def measure(scheduled: int, now: int, stagger: float) -> None:
     from prefect import get_client
     from sqlalchemy import insert, select
 
-    from campaign_trigger.services.scheduling import drain_outbox
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.services import scheduling
+    from campaign_trigger.services.requests import create_request
+    from campaign_trigger.services.trigger_input import TriggerInput
     from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.files import get_storage
     from campaign_trigger.store.models import (
         App,
         Campaign,
@@ -153,12 +158,10 @@ async def measure(scheduled: int, now: int, stagger: float) -> None:
         CampaignState,
         Channel,
         Device,
-        MessageSource,
         Organisation,
         Outcome,
         Platform,
         Request,
-        RequestMessage,
     )
 
     with session_scope() as session:
@@ -211,29 +214,29 @@ async def measure(scheduled: int, now: int, stagger: float) -> None:
                 is not None
             )
 
+    settings = get_settings()
+    storage = get_storage(settings)
+
     def add(user: int, send_at: datetime) -> str:
+        """A one-message request, through the service the API calls."""
+        trigger = TriggerInput(
+            campaign_id=campaign_id,
+            send_at=send_at.isoformat(),
+            messages=[{"user_id": f"u{user}", "template_variables": {"name": "x"}}],
+        )
         with session_scope() as session:
-            request = Request(
+            return create_request(
+                session=session,
+                settings=settings,
+                storage=storage,
                 org_id=org_id,
-                campaign_id=campaign_id,
-                send_at=send_at,
-                source=MessageSource.json,
-                message_count=1,
+                request_id=uuid.uuid4().hex,
+                trigger=trigger,
             )
-            session.add(request)
-            session.flush()
-            session.execute(
-                insert(RequestMessage),
-                [
-                    {
-                        "request_id": request.id,
-                        "seq": 0,
-                        "user_id": f"u{user}",
-                        "template_variables": {"name": "x"},
-                    }
-                ],
-            )
-            return request.id
+
+    async def drain_outbox() -> int:
+        with session_scope() as session:
+            return await scheduling.drain_outbox(session=session)
 
     # A SQLite Prefect server creates ~5 runs/s: leave time to create them all first.
     base = datetime.now(UTC) + timedelta(seconds=8 + 0.3 * scheduled)

@@ -1,0 +1,349 @@
+"""What the end-to-end benchmarks share: a private stack, a bare responder, an audience.
+
+* :func:`private_stack`: a temporary ``CT_HOME``, a migrated SQLite database and a
+  Prefect server (SQLite) on free ports, with our deployments registered; the
+  environment of this process points at them (child processes inherit it).
+* :func:`nginx_responder`: Debian's nginx, configured here, answering FCM's success
+  body on ``/v1/...`` and an OAuth token on ``/token`` over HTTP/1.1 — the fastest
+  provider stand-in this machine has, so the figures measure us, not the sandbox.
+* :func:`seed_audience`, :func:`create_csv_request`: users with one Android device each,
+  and a CSV request of them through the service the API calls.
+* :class:`Worker`: a ``campaign-trigger worker`` process whose RSS is sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, closing, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import psutil
+
+BIN = Path(sys.executable).parent
+FCM_SUCCESS = '{"name": "projects/bench/messages/0:1"}'
+TOKEN_ANSWER = '{"access_token": "ya29.bench", "expires_in": 3599, "token_type": "Bearer"}'
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 300:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
+POSTGRES = "postgresql://postgres@127.0.0.1:5432"
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A throwaway database on the local PostgreSQL server; its name."""
+    name = f"ct_bench_{uuid.uuid4().hex[:8]}"
+    subprocess.run(["psql", POSTGRES, "-qc", f'CREATE DATABASE "{name}"'], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(
+            ["psql", POSTGRES, "-qc", f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'],
+            check=False,
+        )
+
+
+@contextmanager
+def private_stack(*, postgres: bool = False, **settings: str) -> Iterator[Path]:
+    """A temporary home with a migrated database and a Prefect server; yields the home.
+
+    With ``postgres``, the Prefect server and the service each get a PostgreSQL
+    database of their own (DESIGN §7's set-up), else SQLite files in the home.
+    """
+    home = Path(tempfile.mkdtemp(prefix="ct-bench-"))
+    port = free_port()
+    with ExitStack() as databases:
+        if postgres:
+            prefect_db = databases.enter_context(postgres_database())
+            service_db = databases.enter_context(postgres_database())
+            settings = {
+                "PREFECT_API_DATABASE_CONNECTION_URL": (
+                    f"postgresql+asyncpg://postgres@127.0.0.1:5432/{prefect_db}"
+                ),
+                "CT_DATABASE_URL": f"{POSTGRES}/{service_db}",
+                **settings,
+            }
+        with _stack_in(home, port, settings):
+            yield home
+
+
+@contextmanager
+def _stack_in(home: Path, port: int, settings: dict[str, str]) -> Iterator[None]:
+    os.environ.update(
+        {
+            "PREFECT_HOME": str(home / "prefect"),
+            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            "CT_HOME": str(home / "ct"),
+            "CT_SECRET_KEY": uuid.uuid4().hex * 2,
+            **settings,
+        }
+    )
+    from campaign_trigger.config import get_settings
+
+    get_settings.cache_clear()
+    log = (home / "prefect-server.log").open("wb")
+    server = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        from campaign_trigger.deployments.register import ensure_deployments
+        from campaign_trigger.store.migrate import upgrade
+
+        upgrade(get_settings().database_url)
+        wait_http(f"http://127.0.0.1:{port}/api/health")
+        asyncio.run(ensure_deployments())
+        yield
+    finally:
+        _stop(server)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def nginx_responder() -> Iterator[str]:
+    """nginx answering FCM sends and token requests; yields its base URL."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        raise SystemExit("nginx is needed: apt-get install -y nginx-light")
+    folder = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
+    port = free_port()
+    (folder / "nginx.conf").write_text(
+        f"""
+worker_processes 1;
+daemon off;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {folder}/body;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        default_type application/json;
+        location = /token {{ return 200 '{TOKEN_ANSWER}'; }}
+        location / {{ return 200 '{FCM_SUCCESS}'; }}
+    }}
+}}
+"""
+    )
+    process = subprocess.Popen(
+        [nginx, "-c", str(folder / "nginx.conf"), "-p", str(folder), "-e", str(folder / "e.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/token", timeout=10)
+        yield url
+    finally:
+        _stop(process)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Audience:
+    org_id: int
+    campaign_id: str
+    users: list[str]
+
+
+def seed_audience(count: int, *, batch: int = 50_000) -> Audience:
+    """An organisation, an Android app, a started campaign and ``count`` users with one
+    device each."""
+    from sqlalchemy import insert
+
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import (
+        App,
+        Campaign,
+        CampaignApp,
+        CampaignState,
+        Channel,
+        Device,
+        Organisation,
+        Platform,
+    )
+
+    tag = uuid.uuid4().hex[:8]
+    with session_scope() as session:
+        org = Organisation(name=f"bench-{tag}", request_quota=10**9)
+        session.add(org)
+        session.flush()
+        assert org.id is not None
+        app = App(app_id=f"bench-{tag}", org_id=org.id, platform=Platform.android, sdk_key=tag)
+        campaign = Campaign(
+            org_id=org.id,
+            channel=Channel.push,
+            state=CampaignState.started,
+            title="Hello {{ first_name }}",
+            body="Order {{ order_id }} has shipped",
+            variables=["first_name", "order_id"],
+        )
+        session.add_all([app, campaign])
+        session.flush()
+        session.add(CampaignApp(campaign_id=campaign.id, app_id=app.app_id))
+        org_id, campaign_id, app_id = org.id, campaign.id, app.app_id
+    users = [f"user-{n:08d}" for n in range(count)]
+    now = datetime.now(UTC)
+    for start in range(0, count, batch):
+        rows = [
+            {
+                "app_id": app_id,
+                "device_id": f"d-{user}",
+                "user_id": user,
+                "push_token": f"t-{user}",
+                "opted_in": True,
+                "logged_in": True,
+                "updated_at": now,
+            }
+            for user in users[start : start + batch]
+        ]
+        with session_scope() as session:
+            session.execute(insert(Device), rows)
+    return Audience(org_id=org_id, campaign_id=campaign_id, users=users)
+
+
+def csv_bytes(users: list[str]) -> bytes:
+    lines = ["User,first_name,order_id"]
+    lines += [f"{user},Ada{n % 997},A-{n:08d}" for n, user in enumerate(users)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def create_csv_request(audience: Audience, content: bytes) -> str:
+    """A send-now CSV request, through ``create_request`` (as the API creates one)."""
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.services.requests import create_request
+    from campaign_trigger.services.trigger_input import TriggerInput
+    from campaign_trigger.services.uploads import StoredUpload, copy_to_storage
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.files import get_storage, upload_key
+
+    settings = get_settings()
+    storage = get_storage(settings)
+    request_id = uuid.uuid4().hex
+    writer = copy_to_storage(
+        io.BytesIO(content), storage=storage, key=upload_key(request_id), max_bytes=2**40
+    )
+    upload = StoredUpload.of(writer, filename="batch.csv", content_type="text/csv")
+    trigger = TriggerInput(campaign_id=audience.campaign_id, upload=upload)
+    with session_scope() as session:
+        return create_request(
+            session=session,
+            settings=settings,
+            storage=storage,
+            org_id=audience.org_id,
+            request_id=request_id,
+            trigger=trigger,
+        )
+
+
+class Worker:
+    """A ``campaign-trigger worker`` child process, its RSS sampled every 20 ms."""
+
+    def __init__(self, home: Path, **env: str) -> None:
+        self.log_path = home / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "campaign_trigger.cli", "worker", "--concurrency", "4"],
+            stdout=self.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        while b"ready: polling" not in self.log_path.read_bytes():
+            if self.process.poll() is not None:
+                raise RuntimeError(self.log_path.read_text())
+            time.sleep(0.1)
+
+    def _sample(self) -> None:
+        process = psutil.Process(self.process.pid)
+        while not self._stop.is_set():
+            try:
+                self.peak_rss = max(self.peak_rss, process.memory_info().rss)
+            except psutil.Error:
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        _stop(self.process)
+
+
+async def wait_processed(request_id: str, timeout: float) -> float:
+    """Seconds until the request's run is Completed (raises on another final state)."""
+    from prefect import get_client
+
+    from campaign_trigger.services.scheduling import drain_outbox
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import Request
+
+    async def drain() -> None:
+        with session_scope() as session:
+            await drain_outbox(session=session)
+
+    started = time.monotonic()
+    await drain()
+    async with get_client() as client:
+        while time.monotonic() - started < timeout:
+            with session_scope() as session:
+                row = session.get(Request, request_id)
+                run_id = row.flow_run_id if row is not None else None
+            if run_id is None:
+                await drain()
+            else:
+                run = await client.read_flow_run(uuid.UUID(run_id))
+                if run.state is not None and run.state.is_final():
+                    if run.state.type.value != "COMPLETED":
+                        raise RuntimeError(f"the request ended {run.state}")
+                    return time.monotonic() - started
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"request {request_id} not processed in {timeout} s")

@@ -1,0 +1,228 @@
+"""One-message "send now" requests through the whole stack: the sustained rate.
+
+Starts a private stack (Prefect server on SQLite, the API, one `campaign-trigger
+worker`, the sandbox providers, each its own process), then sends one-message JSON
+creates through the HTTP API at fixed arrival rates (open loop: a request every 1/R s
+whatever the answers do), each to its own user and device. For each rate it prints
+how many were delivered and the latency from the API call to the provider's receipt
+(the sandbox's ``received_at``): p50, p95, max. A rate is sustained when every request
+was delivered and p95 <= 3 s (DESIGN §6: >= 5 requests/s).
+
+The reference, measured on the same server in the same run: empty flow runs with the
+same three task runs (prepare, chunk, report), bulk-created and executed the way the
+worker executes ours (a race-free Pending claim, then ``run_flow_async``, 8 at a time,
+one process): their rate, and the ratio of ours to it (target >= 1.5).
+
+Usage: ``.venv/bin/python bench/request_rate.py [--rates 3 4 5 6] [--seconds 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness import free_port, private_stack, seed_audience, wait_http
+
+TARGET_RATE = 5.0
+TARGET_P95 = 3.0
+TARGET_RATIO = 1.5
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _start(home: Path, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv,
+        stdout=(home / f"{name}.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+
+
+def _token(org_id: int) -> str:
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.services.auth import issue_token
+    from campaign_trigger.services.passwords import hash_password
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import Account, Role
+
+    with session_scope() as session:
+        account = Account(
+            org_id=org_id,
+            email=f"bench-{uuid.uuid4().hex[:8]}@example.com",
+            password_hash=hash_password("bench-password"),
+            role=Role.member,
+        )
+        session.add(account)
+        session.flush()
+        return issue_token(settings=get_settings(), account=account)
+
+
+async def _send_at_rate(
+    api: str, token: str, campaign_id: str, users: list[str], rate: float
+) -> dict[str, float]:
+    """Create one request per user, one every 1/rate s; user -> when it was sent."""
+    sent: dict[str, float] = {}
+    headers = {"Authorization": f"Bearer {token}"}
+    start = time.monotonic()
+
+    async with httpx.AsyncClient(base_url=api, timeout=60, headers=headers) as client:
+
+        async def one(n: int, user: str) -> None:
+            await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+            sent[user] = time.time()
+            answer = await client.post(
+                "/api/campaigns/trigger",
+                json={
+                    "campaign_id": campaign_id,
+                    "messages": [
+                        {
+                            "user_id": user,
+                            "template_variables": {"first_name": "A", "order_id": "1"},
+                        }
+                    ],
+                },
+            )
+            answer.raise_for_status()
+
+        await asyncio.gather(*(one(n, u) for n, u in enumerate(users)))
+    return sent
+
+
+def _latencies(sandbox: str, sent: dict[str, float], wait_seconds: float) -> list[float]:
+    """Seconds from the API call to the provider's receipt, for each delivered user."""
+    deadline = time.monotonic() + wait_seconds
+    latencies: dict[str, float] = {}
+    while time.monotonic() < deadline and len(latencies) < len(sent):
+        for user, when in sent.items():
+            if user in latencies:
+                continue
+            found = httpx.get(f"{sandbox}/sandbox/deliveries", params={"token": f"t-{user}"}).json()
+            if found:
+                latencies[user] = float(found[0]["received_at"]) - when
+        time.sleep(0.5)
+    return list(latencies.values())
+
+
+async def _reference(runs: int) -> float:
+    """Empty flow runs with three task runs, executed as the worker executes ours."""
+    from prefect import flow, get_client, task
+    from prefect.flow_engine import run_flow_async
+    from prefect.states import Pending, Scheduled
+
+    @task
+    async def step() -> None:
+        return None
+
+    @flow(name=f"bench-empty-{uuid.uuid4().hex[:6]}", persist_result=False)
+    async def empty() -> None:
+        await step()
+        await step()
+        await step()
+
+    deployment_id = await (await empty.ato_deployment(name="bench")).aapply()
+    async with get_client() as client:
+        created = [
+            await client.create_flow_run_from_deployment(
+                deployment_id, state=Scheduled(scheduled_time=datetime.now(UTC))
+            )
+            for _ in range(runs)
+        ]
+        gate = asyncio.Semaphore(8)
+
+        async def execute(run: Any) -> None:
+            async with gate:
+                await client.set_flow_run_state(run.id, Pending(message="bench"))
+                await run_flow_async(empty, flow_run=run, parameters={}, return_type="state")
+
+        started = time.monotonic()
+        await asyncio.gather(*(execute(r) for r in created))
+        return runs / (time.monotonic() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rates", type=float, nargs="+", default=[3.0, 4.0, 5.0, 6.0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--reference-runs", type=int, default=60)
+    parser.add_argument(
+        "--postgres", action="store_true", help="Prefect and the service on PostgreSQL"
+    )
+    args = parser.parse_args()
+    cli = [sys.executable, "-m", "campaign_trigger.cli"]
+    with private_stack(postgres=args.postgres) as home:
+        api_port, sandbox_port, tls_port = free_port(), free_port(), free_port()
+        env = {
+            "CT_API_PORT": str(api_port),
+            "CT_SANDBOX_PORT": str(sandbox_port),
+            "CT_SANDBOX_TLS_PORT": str(tls_port),
+        }
+        os.environ.update(env)
+        from campaign_trigger.config import get_settings
+
+        get_settings.cache_clear()
+        total = int(sum(rate * args.seconds for rate in args.rates)) + 10
+        audience = seed_audience(total)
+        token = _token(audience.org_id)
+        processes = [
+            _start(home, "sandbox", [*cli, "sandbox"]),
+            _start(home, "api", [*cli, "api"]),
+            _start(home, "worker", [*cli, "worker", "--concurrency", "8"]),
+        ]
+        try:
+            api, sandbox = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{sandbox_port}"
+            wait_http(f"{api}/health")
+            wait_http(f"{sandbox}/sandbox/stats")
+            time.sleep(5)  # the worker registers the deployment and starts polling
+            users = iter(audience.users)
+            sustained = 0.0
+            for rate in args.rates:
+                batch = [next(users) for _ in range(int(rate * args.seconds))]
+                sent = asyncio.run(_send_at_rate(api, token, audience.campaign_id, batch, rate))
+                latencies = _latencies(sandbox, sent, wait_seconds=60)
+                p95 = _percentile(latencies, 0.95) if latencies else float("inf")
+                ok = len(latencies) == len(batch) and p95 <= TARGET_P95
+                sustained = rate if ok else sustained
+                print(
+                    f"{rate:5.1f} requests/s for {args.seconds:.0f} s: "
+                    f"{len(latencies)}/{len(batch)} delivered; API -> provider "
+                    f"p50 {statistics.median(latencies):.2f} s  p95 {p95:.2f} s  "
+                    f"max {max(latencies):.2f} s  {'sustained' if ok else 'NOT sustained'}",
+                    flush=True,
+                )
+            reference = asyncio.run(_reference(args.reference_runs))
+            ratio = sustained / reference
+            print(
+                f"sustained: {sustained:.1f} requests/s (target >= {TARGET_RATE:.0f}: "
+                f"{'met' if sustained >= TARGET_RATE else 'NOT met'}); reference, empty flow "
+                f"runs with 3 task runs executed in-process: {reference:.2f} runs/s; ratio "
+                f"{ratio:.2f}x (target >= {TARGET_RATIO}: "
+                f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})"
+            )
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+if __name__ == "__main__":
+    main()
