@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: up test test-fast check lock bench clean
+.PHONY: up test test-fast check lock bench clean screenshots
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ check: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
+
+# The Prefect UI screenshots of docs/prefect-ui.md (a browser test; needs Debian's chromium).
+screenshots: $(STAMP)
+	CT_SCREENSHOTS_DIR=$(CURDIR)/docs/img $(BIN)/pytest tests/e2e/ui -q
 
 lock: $(STAMP)
 	$(BIN)/uv pip compile --quiet --python $(BIN)/python pyproject.toml --extra dev -o requirements.lock

@@ -38,6 +38,13 @@ for name in [
     if key.startswith("CT_") and key not in ("CT_HOME", "CT_SECRET_KEY", "CT_TEST_POSTGRES_URL")
 ]:
     del os.environ[name]
+# A delivery run whose worker died is taken over after 40 s without a heartbeat (the
+# least the setting allows: runs send one every 30 s), not the default 90 s.
+os.environ["CT_DEAD_RUN_AFTER_SECONDS"] = "40"
+# Every test process and server shares one database and calls from 127.0.0.1: the
+# per-address sign-in budget would let one test's failed sign-ins throttle another's.
+# The throttle's own tests start servers with the real budgets and their own addresses.
+os.environ["CT_SIGN_IN_ADDRESS_FAILURES"] = "1000000"
 
 
 @pytest.fixture(scope="session")

@@ -6,29 +6,48 @@ Use :func:`get_settings` everywhere; it is cached, and tests clear the cache
 
 from __future__ import annotations
 
+import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from campaign_trigger.store.private import FILE_MODE, private_dir
+
 SANDBOX_URL = "http://127.0.0.1:8010"
+TOKEN_KEY_INFO = b"campaign-trigger/access-tokens/v1"
+LINK_KEY_INFO = b"campaign-trigger/signed-links/v1"
+MIN_SECRET_BYTES = 32
+KEY_TOO_SHORT = (
+    "CT_SECRET_KEY must be at least {minimum} bytes long (it has {length}); "
+    "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(48))' "
+    "(or leave it unset: one is generated and kept in CT_HOME/secret.key)"
+)
 
 
 class Settings(BaseSettings):
     """Every knob of the service. Defaults give the embedded, one-machine stack."""
 
     model_config = SettingsConfigDict(
-        env_prefix="CT_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="CT_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        hide_input_in_errors=True,  # a refused secret is never printed
     )
 
     home: Path = Field(default=Path(".data"), description="Folder for every local file.")
     database_url: str = Field(default="", description="SQLAlchemy URL; SQLite in home if empty.")
     storage_url: str = Field(default="", description="fsspec URL for uploads and reports.")
     secret_key: SecretStr = Field(
-        default=SecretStr(""), description="Signs tokens and links; generated once if empty."
+        default=SecretStr(""),
+        description="At least 32 bytes; the keys that sign tokens and links are derived "
+        "from it. Generated once (CT_HOME/secret.key) if empty.",
     )
     public_base_url: str = Field(default="", description="Base of links we hand out.")
     api_host: str = "127.0.0.1"
@@ -38,19 +57,49 @@ class Settings(BaseSettings):
     )
     sandbox_host: str = "127.0.0.1"
     sandbox_port: int = 8010
+    sandbox_tls_port: int = Field(
+        default=8443, description="The sandbox's TLS port (ALPN h2 and http/1.1, local CA)."
+    )
     prefect_port: int = 4200
 
     token_ttl_seconds: int = Field(default=24 * 3600, gt=0)
     link_ttl_seconds: int = Field(default=3600, gt=0)
     json_messages_cap: int = Field(default=1000, gt=0)
+    json_message_bytes: int = Field(
+        default=2048,
+        gt=0,
+        description="Body bytes allowed per message of a JSON create: its body limit is "
+        "json_messages_cap times this, plus 64 KB.",
+    )
     max_upload_bytes: int = Field(default=1024**3, gt=0)
     quota_period: Literal["monthly", "daily"] = "monthly"
+    sign_in_window_seconds: int = Field(
+        default=15 * 60, gt=0, description="The sliding window of sign-in throttling."
+    )
+    sign_in_account_failures: int = Field(
+        default=5, gt=0, description="Failed sign-ins per account within the window."
+    )
+    sign_in_address_failures: int = Field(
+        default=50, gt=0, description="Failed sign-ins per client address within the window."
+    )
     default_quota: int = Field(default=10_000, ge=0)
 
     chunk_size: int = Field(default=5000, gt=0, description="Recipients per delivery chunk.")
+    chunks_per_run: int = Field(
+        default=10,
+        gt=0,
+        description="A request of more chunks than this hands them to any worker, this "
+        "many to a deliver-chunks subflow run; smaller requests run in their own run.",
+    )
     delivery_concurrency: int = Field(default=256, gt=0)
     delivery_max_attempts: int = Field(default=4, gt=0)
     max_lateness_seconds: int = Field(default=24 * 3600, gt=0)
+    dead_run_after_seconds: int = Field(
+        default=90,
+        ge=40,
+        description="A delivery run without a heartbeat this long lost its worker: another "
+        "worker takes it over (runs send a heartbeat every 30 s).",
+    )
     report_retention_days: int = Field(default=30, gt=0)
 
     fcm_base_url: str = ""
@@ -62,6 +111,14 @@ class Settings(BaseSettings):
     apns_key_id: str = ""
     apns_team_id: str = ""
     apns_topic: str = "com.example.app"
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        length = len(value.get_secret_value().encode("utf-8", "surrogatepass"))
+        if 0 < length < MIN_SECRET_BYTES:
+            raise ValueError(KEY_TOO_SHORT.format(minimum=MIN_SECRET_BYTES, length=length))
+        return value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
@@ -87,14 +144,31 @@ class Settings(BaseSettings):
             return configured
         return _stored_secret(self.home.resolve())
 
+    def token_key(self) -> bytes:
+        """The HS256 key of access tokens (HKDF-SHA256 of the secret, its own label)."""
+        return _derived_key(self.secret(), TOKEN_KEY_INFO)
+
+    def link_key(self) -> bytes:
+        """The HMAC key of signed links (HKDF-SHA256 of the secret, another label)."""
+        return _derived_key(self.secret(), LINK_KEY_INFO)
+
+
+@lru_cache(maxsize=16)
+def _derived_key(secret: str, info: bytes) -> bytes:
+    """A 32-byte key for one purpose: a key of one purpose tells nothing of another's."""
+    material = secret.encode("utf-8", "surrogatepass")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(material)
+
 
 def _stored_secret(home: Path) -> str:
     path = home / "secret.key"
     if not path.exists():
-        home.mkdir(parents=True, exist_ok=True)
+        private_dir(home)
         candidate = path.with_suffix(f".{secrets.token_hex(4)}.tmp")
-        candidate.write_text(secrets.token_urlsafe(48))
-        candidate.chmod(0o600)
+        # 0600 from its creation: the key is never readable by others, not even briefly
+        descriptor = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_urlsafe(48))
         try:
             path.hardlink_to(candidate)  # atomic: the first process to get here wins
         except FileExistsError:

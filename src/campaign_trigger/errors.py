@@ -12,9 +12,12 @@ users see, verbatim from the spec where the spec has one::
     │   └── RequestStateError       cancel/report refused by the request's state
     ├── Unauthenticated         401: missing, bad, expired or revoked token
     ├── Forbidden               403: the role may not act
-    ├── PayloadTooLarge         413: upload over the limit
-    ├── QuotaExceeded           429: the subscription's request quota is spent
+    ├── PayloadTooLarge         413: body or upload over the limit
+    ├── TooManyRequests         429, with the seconds to wait (Retry-After)
+    │   ├── QuotaExceeded           the subscription's request quota is spent
+    │   └── SignInThrottled         too many failed sign-ins for the account or address
     ├── Conflict                409: e.g. an idempotency key reused with another body
+    ├── ServiceUnavailable      503: a part the call needs is missing (nothing was done)
     └── AdminError              a refused admin command (CLI)
 """
 
@@ -68,13 +71,13 @@ class Forbidden(CampaignTriggerError):
 
 
 class PayloadTooLarge(CampaignTriggerError):
-    """The upload is larger than allowed."""
+    """The body or upload is larger than allowed."""
 
     status_code = 413
 
 
-class QuotaExceeded(CampaignTriggerError):
-    """The organisation's request quota for the period is spent."""
+class TooManyRequests(CampaignTriggerError):
+    """Refused for now; ``retry_after_seconds`` says when to try again."""
 
     status_code = 429
 
@@ -83,10 +86,24 @@ class QuotaExceeded(CampaignTriggerError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class QuotaExceeded(TooManyRequests):
+    """The organisation's request quota for the period is spent."""
+
+
+class SignInThrottled(TooManyRequests):
+    """Too many failed sign-ins for this account or from this address, lately."""
+
+
 class Conflict(CampaignTriggerError):
     """The request conflicts with an earlier one."""
 
     status_code = 409
+
+
+class ServiceUnavailable(CampaignTriggerError):
+    """A part the call needs is missing or down; nothing was done."""
+
+    status_code = 503
 
 
 class AdminError(CampaignTriggerError):

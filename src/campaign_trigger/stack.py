@@ -3,7 +3,10 @@
 Order: migrate → seed the demo → Prefect server (unless PREFECT_API_URL names one)
 → sandbox providers → API → delivery worker → runner of the other deployments
 (send-batch, the daily CSV example, maintenance). Each child runs in its own process
-group and dies with us (PR_SET_PDEATHSIG); Ctrl-C or SIGTERM stops them all.
+group and dies with us (PR_SET_PDEATHSIG); Ctrl-C or SIGTERM stops them all. A child
+that dies once the stack is up is started again, after 1, 2, 4 … 30 s (reset once it
+has stayed up a minute), and the terminal says so: one crashed worker does not take
+the API down with it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignTriggerError
+from campaign_trigger.store.private import private_dir
 
 _PR_SET_PDEATHSIG = 1
 
@@ -53,6 +57,10 @@ def check_port_free(host: str, port: int, what: str, setting: str) -> None:
             ) from None
 
 
+RESTART_BACKOFF_CAP = 30.0
+STABLE_AFTER_SECONDS = 60.0
+
+
 @dataclass
 class Child:
     name: str
@@ -61,9 +69,13 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    restart_at: float | None = None  # when a dead child is due to start again
 
     def start(self, *, log_dir: Path) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.monotonic()
+        private_dir(log_dir)
         self.log_path = log_dir / f"{self.name}.log"
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
@@ -124,7 +136,7 @@ def wait_ready(child: Child, *, timeout: float, say: Callable[[str], None]) -> N
 def prefect_env(settings: Settings) -> dict[str, str]:
     """Where the embedded Prefect server keeps its data, and how everyone reaches it."""
     home = (settings.home / "prefect").resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)
     api = f"http://127.0.0.1:{settings.prefect_port}/api"
     return {
         "PREFECT_HOME": str(home),
@@ -165,6 +177,12 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
     check_port_free(
         settings.sandbox_host, settings.sandbox_port, "sandbox provider", "CT_SANDBOX_PORT"
     )
+    check_port_free(
+        settings.sandbox_host,
+        settings.sandbox_tls_port,
+        "sandbox provider (TLS)",
+        "CT_SANDBOX_TLS_PORT",
+    )
     check_port_free(settings.api_host, settings.api_port, "API", "CT_API_PORT")
     children += [
         Child(
@@ -179,6 +197,29 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
     return children, shared
 
 
+def _supervise(child: Child, *, log_dir: Path, say: Callable[[str], None]) -> None:
+    """Start a dead child again, after a backoff that grows while it keeps dying."""
+    now = time.monotonic()
+    if child.alive():
+        if child.restarts and now - child.started_at > STABLE_AFTER_SECONDS:
+            child.restarts = 0  # it held: the next death starts the backoff afresh
+        return
+    if child.restart_at is None:
+        delay = min(RESTART_BACKOFF_CAP, 2.0**child.restarts)
+        code = child.process.returncode if child.process is not None else None
+        say(
+            f"The {child.name} stopped (exit code {code}); starting it again in "
+            f"{delay:.0f} s. Its last lines:\n{child.log_tail()}"
+        )
+        child.restart_at = now + delay
+        return
+    if now >= child.restart_at:
+        child.restart_at = None
+        child.restarts += 1
+        child.start(log_dir=log_dir)
+        say(f"The {child.name} was started again (restart {child.restarts}).")
+
+
 def run(
     children: list[Child],
     shared_env: dict[str, str],
@@ -187,7 +228,8 @@ def run(
     say: Callable[[str], None],
     on_ready: Callable[[], None],
 ) -> int:
-    """Start the children, then watch them until a signal or a death; stop them all."""
+    """Start the children, then watch them (restarting any that dies) until a signal;
+    stop them all."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -206,9 +248,7 @@ def run(
         on_ready()
         while not stopping:
             for child in children:
-                if not child.alive():
-                    say(f"The {child.name} stopped unexpectedly:\n{child.log_tail()}")
-                    return 1
+                _supervise(child, log_dir=log_dir, say=say)
             time.sleep(0.5)
         return 0
     finally:

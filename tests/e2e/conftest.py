@@ -55,22 +55,21 @@ WorkerFactory = Callable[..., ManagedProcess]
 def start_worker(
     deployed_server: ManagedProcess, sandbox: Sandbox, session_dir: Path
 ) -> Iterator[WorkerFactory]:
-    """Start ``campaign-trigger worker`` processes (fast heartbeats; dead after 4 s)."""
+    """Start ``campaign-trigger worker`` processes (fast polls and worker heartbeats)."""
     workers: list[ManagedProcess] = []
 
     def start(**env: str) -> ManagedProcess:
         argv = [
             sys.executable,
             "-m",
-            "campaign_trigger.deployments.worker",
+            "campaign_trigger.cli",
+            "worker",
             "--concurrency",
             "4",
             "--poll-seconds",
             "0.3",
             "--heartbeat-seconds",
             "1",
-            "--stale-after-seconds",
-            "4",
         ]
         worker = ManagedProcess(
             "worker",

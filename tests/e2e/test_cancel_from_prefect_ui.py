@@ -16,8 +16,8 @@ from prefect.states import Cancelling
 from campaign_trigger.services.admin import create_account
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Organisation
+from delivery_support import load_request, seed_tenant, state_name, wait_for_state
 from e2e.conftest import Sandbox
-from e2e.delivery_support import load_request, seed_tenant, state_name, wait_for_state
 from support import ManagedProcess, free_port, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

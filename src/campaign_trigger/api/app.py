@@ -19,8 +19,10 @@ from sqlalchemy import text
 
 from campaign_trigger import __version__
 from campaign_trigger.api import auth, campaigns, devices, files
+from campaign_trigger.api.docs import install_docs
 from campaign_trigger.api.errors import customise_openapi, install_error_handlers
-from campaign_trigger.api.middleware import QuotaHeaderMiddleware
+from campaign_trigger.api.limits import BodyLimitMiddleware
+from campaign_trigger.api.middleware import ResponseHeadersMiddleware
 from campaign_trigger.config import get_settings
 from campaign_trigger.store.db import get_engine
 
@@ -57,9 +59,10 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         return
     from campaign_trigger.services import scheduling
+    from campaign_trigger.store.db import session_scope
 
     stop = asyncio.Event()
-    task = asyncio.create_task(scheduling.run_reconciler(stop=stop))
+    task = asyncio.create_task(scheduling.run_reconciler(sessions=session_scope, stop=stop))
     try:
         yield
     finally:
@@ -69,18 +72,28 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app() -> FastAPI:
-    """Build the API application."""
+    """Build the API application. Reads the settings first, so that a bad one (such as a
+    CT_SECRET_KEY shorter than 32 bytes) stops the start with its reason."""
+    get_settings()
     app = FastAPI(
         title="campaign-trigger",
         version=__version__,
         description="Send batches of transactional push and in-app messages through "
         'API-trigger campaigns. Every non-200 answer is `{"error_message": "..."}`. '
         "Calls to create, cancel, list and report take one unit of the organisation's "
-        "request quota each; their answers carry `X-Quota-Remaining`.",
+        "request quota each; their answers carry `X-Quota-Remaining`. Bodies are "
+        "limited before they are read (413): 4 KB for sign-in, 8 KB for the device "
+        "routes, `json_messages_cap` x 2 KB for a JSON create, 1 GB for a CSV upload. "
+        "Failed sign-ins are throttled per account and per client address (429).",
         lifespan=_lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
-    app.add_middleware(QuotaHeaderMiddleware)
+    install_docs(app)
+    # the last added runs first: headers on every answer, then the quota, then limits
+    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(ResponseHeadersMiddleware)
     app.include_router(auth.router)
     app.include_router(campaigns.router)
     app.include_router(files.router)

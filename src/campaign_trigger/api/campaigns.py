@@ -7,16 +7,15 @@ from typing import Annotated, Any
 from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from campaign_trigger.api.deps import QuotaAccount, Sender, SettingsDep, StorageDep
+from campaign_trigger.api.deps import QuotaAccount, Sender, SessionDep, SettingsDep, StorageDep
+from campaign_trigger.api.limits import json_body_limit
 from campaign_trigger.api.responses import QUOTA_HEADERS, errors
 from campaign_trigger.api.uploads import (
     PLAIN_BODY,
-    check_declared_length,
     media_type,
     read_form_input,
     read_json_input,
 )
-from campaign_trigger.config import Settings
 from campaign_trigger.errors import InvalidInput
 from campaign_trigger.schemas.api import (
     Reports,
@@ -27,10 +26,9 @@ from campaign_trigger.schemas.api import (
     TriggerJson,
 )
 from campaign_trigger.services import lifecycle
-from campaign_trigger.services.requests import create_request, request_bodies
-from campaign_trigger.store.db import session_scope
+from campaign_trigger.services.request_views import request_bodies, request_body
+from campaign_trigger.services.requests import create_request
 from campaign_trigger.store.files import upload_key
-from campaign_trigger.store.models import Request as RequestRow
 from campaign_trigger.store.models import new_id
 
 router = APIRouter(prefix="/api/campaigns", tags=["campaigns"])
@@ -73,6 +71,7 @@ _TRIGGER_BODY = {
 async def create_trigger_request(
     request: Request,
     identity: Sender,
+    session: SessionDep,
     settings: SettingsDep,
     storage: StorageDep,
     idempotency_key: Annotated[
@@ -86,22 +85,25 @@ async def create_trigger_request(
 ) -> RequestCreated:
     """Create a request: JSON messages, or a CSV file as multipart form-data."""
     kind = media_type(request)
-    check_declared_length(request, limit=settings.max_upload_bytes)
     request_id = new_id()
+    cap = settings.json_messages_cap
     if kind == "application/json" or kind.endswith("+json"):
-        trigger = await read_json_input(request, idempotency_key=idempotency_key)
+        trigger = await read_json_input(request, cap=cap, idempotency_key=idempotency_key)
     elif kind == "multipart/form-data":
         trigger = await read_form_input(
             request,
             storage=storage,
             key=upload_key(request_id),
             max_bytes=settings.max_upload_bytes,
+            messages_bytes=json_body_limit(settings),
+            cap=cap,
             idempotency_key=idempotency_key,
         )
     else:
         raise InvalidInput(PLAIN_BODY)
     created = await to_thread.run_sync(
         lambda: create_request(
+            session=session,
             settings=settings,
             storage=storage,
             org_id=identity.org_id,
@@ -110,15 +112,6 @@ async def create_trigger_request(
         )
     )
     return RequestCreated(request_id=created)
-
-
-def _bodies(
-    settings: Settings, requests: list[RequestRow], *, with_campaign: bool
-) -> list[dict[str, Any]]:
-    with session_scope() as session:
-        return request_bodies(
-            session=session, settings=settings, requests=requests, with_campaign=with_campaign
-        )
 
 
 @router.put(
@@ -132,12 +125,16 @@ def _bodies(
 async def cancel_trigger_request(
     request_id: Annotated[str, Path(description="The request to cancel.")],
     identity: Sender,
+    session: SessionDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:
     """Cancel a request that has not started; returns the request as created."""
-    cancelled = await lifecycle.cancel_request(org_id=identity.org_id, request_id=request_id)
-    bodies = await to_thread.run_sync(lambda: _bodies(settings, [cancelled], with_campaign=True))
-    return bodies[0]
+    cancelled = await lifecycle.cancel_request(
+        session=session, org_id=identity.org_id, request_id=request_id
+    )
+    return await to_thread.run_sync(
+        lambda: request_body(session=session, settings=settings, request=cancelled)
+    )
 
 
 @router.get(
@@ -160,6 +157,7 @@ async def cancel_trigger_request(
 async def read_scheduled_requests(
     campaign_id: Annotated[str, Path(description="The campaign.")],
     identity: QuotaAccount,
+    session: SessionDep,
     settings: SettingsDep,
     response: Response,
     limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 50,
@@ -167,9 +165,13 @@ async def read_scheduled_requests(
 ) -> dict[str, Any]:
     """List a campaign's scheduled requests, soonest first."""
     requests, total = await lifecycle.scheduled_requests(
-        org_id=identity.org_id, campaign_id=campaign_id, limit=limit, offset=offset
+        session=session, org_id=identity.org_id, campaign_id=campaign_id, limit=limit, offset=offset
     )
-    bodies = await to_thread.run_sync(lambda: _bodies(settings, requests, with_campaign=False))
+    bodies = await to_thread.run_sync(
+        lambda: request_bodies(
+            session=session, settings=settings, requests=requests, with_campaign=False
+        )
+    )
     response.headers["X-Total-Count"] = str(total)
     return {"campaign_id": campaign_id, "requests": bodies}
 
@@ -197,9 +199,13 @@ def _request_id_param(request: Request) -> str:
 async def read_report(
     request: Request,
     identity: QuotaAccount,
+    session: SessionDep,
+    settings: SettingsDep,
     request_id: Annotated[str | None, Query(description="The request.")] = None,
 ) -> Reports:
     """Get links to a processed request's report files."""
     wanted = _request_id_param(request)
-    links = await lifecycle.report_links(org_id=identity.org_id, request_id=wanted)
+    links = await lifecycle.report_links(
+        session=session, settings=settings, org_id=identity.org_id, request_id=wanted
+    )
     return Reports(request_id=wanted, reports=links)

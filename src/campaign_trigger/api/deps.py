@@ -1,8 +1,10 @@
 """Dependencies of the routes, as ``Annotated`` aliases: handlers read like sentences.
 
-``CurrentAccount`` authenticates; ``QuotaAccount`` also takes one unit of the
-organisation's request quota (in its own transaction, so refused calls count too);
-``Sender`` further requires a role that may create and cancel requests.
+``SessionDep`` is the API's one way to the database: one session per call, committed
+when the handler returns and before the answer leaves (``scope="function"``), rolled
+back when it raises. ``CurrentAccount`` authenticates; ``QuotaAccount`` also takes one
+unit of the organisation's request quota (committed at once, so refused calls count
+too); ``Sender`` further requires a role that may create and cancel requests.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ bearer_scheme = HTTPBearer(
 
 
 def get_session() -> Iterator[Session]:
-    """A session committed when the handler succeeds."""
+    """The call's session, committed when the handler succeeds."""
     with session_scope() as session:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
@@ -49,16 +51,16 @@ StorageDep = Annotated[Storage, Depends(get_storage_dep)]
 
 def current_identity(
     request: Request,
+    session: SessionDep,
     settings: SettingsDep,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)],
 ) -> Identity:
     """The caller named by the bearer token (401 otherwise)."""
-    with session_scope() as session:
-        identity = identity_from_header(
-            session=session,
-            settings=settings,
-            authorization=request.headers.get("authorization"),
-        )
+    identity = identity_from_header(
+        session=session,
+        settings=settings,
+        authorization=request.headers.get("authorization"),
+    )
     request.state.identity = identity
     return identity
 
@@ -66,12 +68,13 @@ def current_identity(
 CurrentAccount = Annotated[Identity, Depends(current_identity)]
 
 
-def quota_identity(request: Request, identity: CurrentAccount) -> Identity:
+def quota_identity(request: Request, session: SessionDep, identity: CurrentAccount) -> Identity:
     """The caller, after taking one unit of its organisation's quota (429 when spent)."""
     try:
-        with session_scope() as session:
-            state = quota.consume(session=session, org_id=identity.org_id)
+        state = quota.consume(session=session, org_id=identity.org_id)
+        session.commit()  # counted whatever the call's outcome
     except QuotaExceeded:
+        session.rollback()
         setattr(request.state, QUOTA_STATE_KEY, 0)
         raise
     setattr(request.state, QUOTA_STATE_KEY, state.remaining)

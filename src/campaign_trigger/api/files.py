@@ -32,7 +32,13 @@ def _pieces(storage: Storage, key: str) -> Iterator[bytes]:
     "/{key:path}",
     response_class=StreamingResponse,
     responses={
-        200: {"description": "The CSV file", "content": {"text/csv": {}}},
+        200: {
+            "description": "The CSV file, kept by no cache",
+            "content": {"text/csv": {}},
+            "headers": {
+                "Cache-Control": {"description": "`no-store`", "schema": {"type": "string"}}
+            },
+        },
         **errors(400, 403, 404),
     },
 )
@@ -60,5 +66,8 @@ def read_file(
     return StreamingResponse(
         _pieces(storage, key),
         media_type="text/csv",
-        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "Cache-Control": "no-store",
+        },
     )

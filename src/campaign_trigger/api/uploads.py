@@ -2,14 +2,16 @@
 
 The multipart stream is parsed with ``python_multipart``'s streaming parser over
 ``request.stream()``: the file part under the key ``file`` goes straight to storage
-(:class:`~campaign_trigger.services.ingest.UploadWriter`, 1 MB pieces written from a
+(:class:`~campaign_trigger.services.uploads.UploadWriter`, 1 MB pieces written from a
 worker thread), form fields are kept (small, bounded). Nothing is spooled, and the
 body is counted against the upload limit as it arrives.
+
+A JSON body is bounded before it is parsed (:mod:`campaign_trigger.api.limits`), and
+parsing stops at the first object past what ``json_messages_cap`` messages can hold.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,23 +20,24 @@ from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
+from campaign_trigger.api.json_body import decode_messages_json
 from campaign_trigger.errors import InvalidInput, PayloadTooLarge
-from campaign_trigger.services.ingest import TOO_LARGE, UploadWriter
-from campaign_trigger.services.requests import (
+from campaign_trigger.schemas.text import LONE_SURROGATE, holds_lone_surrogate
+from campaign_trigger.services.trigger_input import (
     MISSING,
-    StoredUpload,
     TriggerInput,
     UnreadableMessages,
     body_hash,
 )
+from campaign_trigger.services.uploads import TOO_LARGE, StoredUpload, UploadWriter
 from campaign_trigger.store.files import Storage
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
-MAX_JSON_BYTES = 32 << 20
-MAX_FIELD_BYTES = 16 << 20
+MAX_FIELD_BYTES = 64 << 10
 MAX_PARTS = 32
+MESSAGES_FIELD = "messages"
 FILE_KEY = "file"
 PLAIN_BODY = (
     "The CSV file must be attached as multipart/form-data under the form key 'file' "
@@ -49,28 +52,18 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def check_declared_length(request: Request, *, limit: int) -> None:
-    """413 before reading anything when Content-Length says the body is too large."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(TOO_LARGE.format(limit))
-
-
-async def read_json_input(request: Request, *, idempotency_key: str | None) -> TriggerInput:
-    """A JSON trigger call (method A)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_JSON_BYTES:
-            raise PayloadTooLarge(
-                f"The JSON body is larger than {MAX_JSON_BYTES} bytes; send a CSV file"
-            )
-        chunks.append(chunk)
+async def read_json_input(
+    request: Request, *, cap: int, idempotency_key: str | None
+) -> TriggerInput:
+    """A JSON trigger call (method A); the body's size is bounded by the body limits."""
+    chunks: list[bytes] = [chunk async for chunk in request.stream()]
+    raw = b"".join(chunks)
     try:
-        payload = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError) as exc:
+        payload = decode_messages_json(raw, cap=cap)
+    except ValueError as exc:
         raise InvalidInput(MALFORMED_JSON) from exc
+    if holds_lone_surrogate(payload, raw=raw):
+        raise InvalidInput(LONE_SURROGATE)
     if not isinstance(payload, dict):
         raise InvalidInput("The JSON body must be an object")
     return TriggerInput(
@@ -94,10 +87,15 @@ class _Part:
 
 
 class _FormReceiver:
-    """Callbacks of the multipart parser; collects fields, feeds the file to the writer."""
+    """Callbacks of the multipart parser; collects fields, feeds the file to the writer.
 
-    def __init__(self, writer: UploadWriter) -> None:
+    A field holds at most MAX_FIELD_BYTES, but ``messages`` (JSON messages sent as a
+    form field) as much as a JSON body may.
+    """
+
+    def __init__(self, writer: UploadWriter, *, messages_bytes: int) -> None:
         self.writer = writer
+        self.messages_bytes = messages_bytes
         self.fields: dict[str, list[str]] = {}
         self.file_names: list[str] = []
         self.upload: _Part | None = None
@@ -154,8 +152,11 @@ class _FormReceiver:
         if part is self.upload:
             self.flush_due = self.writer.add(data[start:end]) or self.flush_due
         elif part.filename is None:
-            if part.size > MAX_FIELD_BYTES:
-                raise PayloadTooLarge(f"The form field {part.name!r} is too large")
+            allowed = self.messages_bytes if part.name == MESSAGES_FIELD else MAX_FIELD_BYTES
+            if part.size > allowed:
+                raise PayloadTooLarge(
+                    f"The form field {part.name!r} is larger than the {allowed} bytes allowed"
+                )
             part.data.append(data[start:end])
         # other files (not under `file`) are counted and dropped
 
@@ -180,7 +181,14 @@ def _field(fields: dict[str, list[str]], name: str) -> object:
 
 
 async def read_form_input(
-    request: Request, *, storage: Storage, key: str, max_bytes: int, idempotency_key: str | None
+    request: Request,
+    *,
+    storage: Storage,
+    key: str,
+    max_bytes: int,
+    messages_bytes: int,
+    cap: int,
+    idempotency_key: str | None,
 ) -> TriggerInput:
     """A multipart trigger call (method B); the file is stored under ``key``.
 
@@ -193,7 +201,7 @@ async def read_form_input(
     writer = UploadWriter(
         storage=storage, key=key, max_bytes=max_bytes, hash_content=idempotency_key is not None
     )
-    receiver = _FormReceiver(writer)
+    receiver = _FormReceiver(writer, messages_bytes=messages_bytes)
     parser = MultipartParser(boundary, cast("MultipartCallbacks", receiver.callbacks()))
     received = 0
     try:
@@ -213,35 +221,38 @@ async def read_form_input(
         if parser.state != MultipartState.END:
             raise InvalidInput(f"{MALFORMED_FORM}: the body ends before its closing boundary")
         await to_thread.run_sync(writer.close if receiver.upload is not None else writer.discard)
+        trigger = _trigger_from_form(
+            receiver, writer, key=key, cap=cap, idempotency_key=idempotency_key
+        )
     except BaseException:
         await to_thread.run_sync(writer.discard)
         raise
-    trigger = _trigger_from_form(receiver, writer, key=key, idempotency_key=idempotency_key)
     if trigger.upload is None and receiver.upload is not None:
         await to_thread.run_sync(writer.discard)  # an empty file input: no file
     return trigger
 
 
 def _trigger_from_form(
-    receiver: _FormReceiver, writer: UploadWriter, *, key: str, idempotency_key: str | None
+    receiver: _FormReceiver,
+    writer: UploadWriter,
+    *,
+    key: str,
+    cap: int,
+    idempotency_key: str | None,
 ) -> TriggerInput:
     fields = receiver.fields
     upload: StoredUpload | None = None
     part = receiver.upload
     if part is not None and not (part.size == 0 and not part.filename):
-        upload = StoredUpload(
-            key=key,
-            filename=part.filename,
-            content_type=part.content_type,
-            head=writer.head,
-            size=writer.size,
-        )
-    messages: object = _field(fields, "messages")
+        upload = StoredUpload.of(writer, filename=part.filename, content_type=part.content_type)
+    messages: object = _field(fields, MESSAGES_FIELD)
     if isinstance(messages, str):
         try:
-            messages = json.loads(messages)
+            messages = decode_messages_json(messages, cap=cap)
         except ValueError:
             messages = UnreadableMessages()
+        if holds_lone_surrogate(messages):
+            raise InvalidInput(LONE_SURROGATE)
     digest = None
     if idempotency_key:
         digest = body_hash({"fields": fields, "file": writer.sha256 if upload else None})

@@ -1,10 +1,11 @@
 """APNs client: HTTP/2 ``POST {base}/3/device/{token}`` with an ES256 provider token.
 
 Headers per request: ``authorization: bearer <jwt>``, ``apns-topic``, ``apns-push-type``
-(``alert``), ``apns-priority`` (10), ``apns-expiration`` and ``apns-id`` (a UUID kept
+(``alert``), ``apns-priority`` (10), ``apns-expiration``, ``apns-id`` (a UUID kept
 across retries of the same message, so APNs and the sandbox can tell a retry from a
-second message). The JWT is reused for ``jwt_reuse_seconds``; on
-``ExpiredProviderToken`` a new one is minted and the message re-sent once.
+second message) and ``apns-collapse-id`` (the message's identity on the device).
+The JWT is reused for ``jwt_reuse_seconds``; on ``ExpiredProviderToken`` a new one is
+minted and the message re-sent once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from campaign_trigger.delivery.credentials import ApnsCredentials
 from campaign_trigger.delivery.h2client import H2Pool
 from campaign_trigger.delivery.mapping import Verdict, map_apns
 from campaign_trigger.delivery.payload import apns_body
-from campaign_trigger.delivery.sending import Answer, ProviderEvents, RetryingSender
+from campaign_trigger.delivery.sending import Answer, OnResult, RetryingSender
 from campaign_trigger.store.models import Platform
 
 DEFAULT_EXPIRATION_SECONDS: Final = 24 * 3600
@@ -39,7 +40,6 @@ class ApnsProvider(RetryingSender):
         *,
         concurrency: int = 256,
         max_attempts: int = 4,
-        events: ProviderEvents | None = None,
         timeout_seconds: float = 10.0,
         max_connections: int | None = None,
         jwt_reuse_seconds: float = 40 * 60,
@@ -50,7 +50,6 @@ class ApnsProvider(RetryingSender):
         super().__init__(
             concurrency=concurrency,
             max_attempts=max_attempts,
-            events=events,
             backoff_base=backoff_base,
         )
         self.tokens = ApnsProviderTokens(credentials, reuse_seconds=jwt_reuse_seconds, clock=clock)
@@ -60,6 +59,7 @@ class ApnsProvider(RetryingSender):
             max_connections=connections,
             streams_per_connection=STREAMS_PER_CONNECTION,
             timeout_seconds=timeout_seconds,
+            ca_file=credentials.ca_file,
         )
         self._topic = credentials.topic.encode()
         self._expiration = expiration_seconds
@@ -87,6 +87,8 @@ class ApnsProvider(RetryingSender):
             (b"apns-expiration", self._expires()),
             (b"apns-id", apns_id),
         ]
+        if message.collapse_id:
+            headers.append((b"apns-collapse-id", message.collapse_id.encode("ascii")))
         path = b"/3/device/" + quote(message.token, safe="").encode()
         response = await self.pool.request(path, headers, body)
         retry_after = response.headers.get(b"retry-after")
@@ -110,10 +112,12 @@ class ApnsProvider(RetryingSender):
     def _refresh(self, credential: str) -> None:
         self.tokens.renew(credential)
 
-    async def send_many(self, messages: Sequence[PushMessage]) -> list[PushResult]:
+    async def send_many(
+        self, messages: Sequence[PushMessage], *, on_result: OnResult | None = None
+    ) -> list[PushResult]:
         """Send every message (see :meth:`RetryingSender.send_many`); apns-ids live per call."""
         try:
-            return await super().send_many(messages)
+            return await super().send_many(messages, on_result=on_result)
         finally:
             for message in messages:
                 self._ids.pop(id(message), None)

@@ -141,8 +141,10 @@ class ApnsProviderTokens:
         return self.get()
 
     def _mint(self) -> None:
-        # iat strictly increases so a renewed token always differs from the stale one
-        issued_at = max(int(self._clock()), self._issued_at + 1)
+        # iat is now, rounded down: never in the future, which APNs refuses (403
+        # InvalidProviderToken). A token renewed within the same second still differs
+        # from the stale one: every ES256 signature has a fresh random nonce.
+        issued_at = int(self._clock())
         self._token = jwt.encode(
             {"iss": self._credentials.team_id, "iat": issued_at},
             self._credentials.private_key,

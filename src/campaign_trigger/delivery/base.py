@@ -9,7 +9,7 @@ per-message failure. ``error_message`` is ``""`` on success, else one of the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Protocol
@@ -27,13 +27,20 @@ MAX_PAYLOAD_BYTES: Final = 4096
 
 @dataclass(frozen=True, slots=True)
 class PushMessage:
-    """One rendered push message for one device token."""
+    """One rendered push message for one device token.
+
+    ``collapse_id`` is the message's identity on the device (at most 64 ASCII
+    characters): a second send of the same message after a crash replaces the first
+    notification instead of adding one (APNs ``apns-collapse-id``; FCM
+    ``android.notification.tag``). Empty: none.
+    """
 
     key: int  # the caller's index, echoed back in the result
     token: str
     title: str
     body: str
     data: Mapping[str, str]  # e.g. request_id, campaign_id
+    collapse_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +58,15 @@ class PushProvider(Protocol):
 
     platform: Platform
 
-    async def send_many(self, messages: Sequence[PushMessage]) -> list[PushResult]:
-        """Send every message with bounded concurrency and retries; one result each, in order."""
+    async def send_many(
+        self,
+        messages: Sequence[PushMessage],
+        *,
+        on_result: Callable[[PushResult], Awaitable[None]] | None = None,
+    ) -> list[PushResult]:
+        """Send every message with bounded concurrency and retries; one result each, in
+        order. ``on_result`` is awaited with each result as it arrives, before the
+        message's concurrency slot is given back."""
         ...
 
     @property

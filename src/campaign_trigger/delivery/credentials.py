@@ -1,10 +1,12 @@
-"""Provider credentials and endpoints from settings; throwaway keys for the sandbox.
+"""Provider credentials and endpoints from settings; the service's own sandbox keys.
 
 With ``CT_FCM_CREDENTIALS_FILE`` (a Google service-account JSON) or ``CT_APNS_KEY_FILE``
 (an Apple ``.p8`` key) set and the base URL left at the sandbox default, the real
-provider hosts are used. Without credentials the sandbox is used, with a key generated
-once per process: the sandbox does not verify signatures, but the tokens are well
-formed. Keys are never logged (their ``repr`` hides them).
+provider hosts are used. Without credentials the sandbox is used, with the service's
+sandbox keys, generated once in ``CT_HOME`` (``sandbox-fcm-key.pem``,
+``sandbox-apns-key.p8``) and known to the sandbox, which checks every signature; the
+sandbox's TLS CA (``CT_HOME/sandbox-ca.pem``) is then trusted for ``https://`` sandbox
+URLs (``ca_file``). Keys are never logged (their ``repr`` hides them).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 from typing import Final
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from campaign_trigger.config import Settings
+from campaign_trigger.delivery import sandbox_files
+from campaign_trigger.delivery.sandbox_tls import ca_path
 
 FCM_HOST: Final = "https://fcm.googleapis.com"
 GOOGLE_TOKEN_URI: Final = "https://oauth2.googleapis.com/token"  # noqa: S105
@@ -39,6 +42,7 @@ class FcmCredentials:
     token_uri: str
     project_id: str
     base_url: str
+    ca_file: str | None = None  # an extra CA to trust (the sandbox's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,22 +54,18 @@ class ApnsCredentials:
     team_id: str
     topic: str
     base_url: str
+    ca_file: str | None = None  # an extra CA to trust (the sandbox's)
 
 
-@lru_cache(maxsize=1)
-def _throwaway_rsa() -> str:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
+@lru_cache(maxsize=8)
+def _sandbox_fcm_key(home: Path) -> tuple[str, str]:
+    pem = sandbox_files.service_fcm_key(home)
+    return pem, sandbox_files.google_key_id(pem)
 
 
-@lru_cache(maxsize=1)
-def _throwaway_ec() -> str:
-    key = ec.generate_private_key(ec.SECP256R1())
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
+@lru_cache(maxsize=8)
+def _sandbox_apns_key(home: Path) -> str:
+    return sandbox_files.service_apns_key(home)
 
 
 def _sandbox_url(settings: Settings) -> str:
@@ -76,13 +76,15 @@ def fcm_credentials(settings: Settings) -> FcmCredentials:
     """FCM credentials and endpoints from settings (sandbox ones if no file is configured)."""
     sandbox = _sandbox_url(settings)
     if not settings.fcm_credentials_file:
+        private_key, key_id = _sandbox_fcm_key(settings.home.resolve())
         return FcmCredentials(
-            client_email="sandbox@sandbox-project.iam.gserviceaccount.com",
-            private_key=_throwaway_rsa(),
-            private_key_id="sandbox",
+            client_email=sandbox_files.SANDBOX_CLIENT_EMAIL,
+            private_key=private_key,
+            private_key_id=key_id,
             token_uri=settings.fcm_token_uri,
             project_id=settings.fcm_project_id,
             base_url=settings.fcm_base_url,
+            ca_file=str(ca_path(settings.home)),
         )
     path = Path(settings.fcm_credentials_file)
     try:
@@ -115,11 +117,12 @@ def apns_credentials(settings: Settings) -> ApnsCredentials:
     sandbox = _sandbox_url(settings)
     if not settings.apns_key_file:
         return ApnsCredentials(
-            private_key=_throwaway_ec(),
-            key_id=settings.apns_key_id or "SANDBOXKEY",
-            team_id=settings.apns_team_id or "SANDBOXTEAM",
+            private_key=_sandbox_apns_key(settings.home.resolve()),
+            key_id=settings.apns_key_id or sandbox_files.SANDBOX_APNS_KEY_ID,
+            team_id=settings.apns_team_id or sandbox_files.SANDBOX_APNS_TEAM_ID,
             topic=settings.apns_topic,
             base_url=settings.apns_base_url,
+            ca_file=str(ca_path(settings.home)),
         )
     path = Path(settings.apns_key_file)
     try:

@@ -21,7 +21,8 @@ from campaign_trigger.delivery.credentials import FcmCredentials
 from campaign_trigger.delivery.http1 import Http1Pool, finish_request, request_head
 from campaign_trigger.delivery.mapping import Verdict, map_fcm
 from campaign_trigger.delivery.payload import fcm_body
-from campaign_trigger.delivery.sending import Answer, ProviderEvents, RetryingSender
+from campaign_trigger.delivery.sandbox_tls import client_context
+from campaign_trigger.delivery.sending import Answer, RetryingSender
 from campaign_trigger.store.models import Platform
 
 
@@ -36,7 +37,6 @@ class FcmProvider(RetryingSender):
         *,
         concurrency: int = 256,
         max_attempts: int = 4,
-        events: ProviderEvents | None = None,
         timeout_seconds: float = 10.0,
         android: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
@@ -45,13 +45,16 @@ class FcmProvider(RetryingSender):
         super().__init__(
             concurrency=concurrency,
             max_attempts=max_attempts,
-            events=events,
             backoff_base=backoff_base,
         )
-        self.pool = Http1Pool(credentials.base_url, timeout_seconds=timeout_seconds)
+        self.pool = Http1Pool(
+            credentials.base_url, timeout_seconds=timeout_seconds, ca_file=credentials.ca_file
+        )
         self._path = f"{self.pool.base_path}/v1/projects/{credentials.project_id}/messages:send"
         self._android = android
-        self._token_client = httpx.AsyncClient(timeout=timeout_seconds)
+        self._token_client = httpx.AsyncClient(
+            timeout=timeout_seconds, verify=client_context(credentials.ca_file)
+        )
         self.tokens = GoogleAccessTokens(credentials, client=self._token_client, clock=clock)
         self._head = b""
         self._head_token = ""

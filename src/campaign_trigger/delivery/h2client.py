@@ -9,7 +9,7 @@ once per event-loop turn, and follows RFC 9113 §6.8 on GOAWAY: streams above
 new connection); streams at or below it are allowed to finish.
 
 ``http://`` URLs use cleartext HTTP/2 with prior knowledge (the sandbox), ``https://``
-URLs TLS with ALPN ``h2`` (APNs).
+URLs TLS with ALPN ``h2`` (APNs, or the sandbox's TLS port with its CA as ``ca_file``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import h2.exceptions
 import h2.settings
 
 from campaign_trigger.delivery.hpack_plain import PlainEncoder
+from campaign_trigger.delivery.sandbox_tls import client_context
 from campaign_trigger.delivery.sending import NotProcessed, TransportError
 
 Headers = list[tuple[bytes, bytes]]
@@ -49,6 +50,11 @@ class _Stream:
     status: int = 0
     headers: dict[bytes, bytes] = field(default_factory=dict)
     body: bytearray = field(default_factory=bytearray)
+
+
+def _retrieve(future: asyncio.Future[H2Response]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class _Connection(asyncio.Protocol):
@@ -223,7 +229,11 @@ class _Connection(asyncio.Protocol):
             self.h2.send_headers(stream_id, headers, end_stream=not body)
         except h2.exceptions.ProtocolError as exc:  # e.g. the server lowered its stream limit
             raise NotProcessed(f"stream not opened: {type(exc).__name__}") from None
-        stream = _Stream(self._loop.create_future(), pending_body=body or None)
+        future: asyncio.Future[H2Response] = self._loop.create_future()
+        # A caller that timed out (or was cancelled) no longer awaits the future: mark
+        # its outcome as seen, so asyncio never logs "Future exception was never retrieved".
+        future.add_done_callback(_retrieve)
+        stream = _Stream(future, pending_body=body or None)
         self.streams[stream_id] = stream
         self.in_flight += 1
         if body:
@@ -258,6 +268,7 @@ class H2Pool:
         max_connections: int = 4,
         streams_per_connection: int = 100,
         timeout_seconds: float = 10.0,
+        ca_file: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         self.scheme = parts.scheme.encode()
@@ -267,9 +278,8 @@ class H2Pool:
         authority = self.host if self.port == default_port else f"{self.host}:{self.port}"
         self.authority = authority.encode()
         self._ssl: ssl.SSLContext | None = None
-        if parts.scheme == "https":
-            self._ssl = ssl.create_default_context()
-            self._ssl.set_alpn_protocols(["h2"])
+        if parts.scheme == "https":  # ca_file: an extra CA to trust (the sandbox's)
+            self._ssl = client_context(ca_file, alpn=["h2"])
         self._max_connections = max_connections
         # h2 counts open streams by walking them all on every new stream: many
         # connections with ~100 streams each are cheaper than one with 1,000.

@@ -5,7 +5,8 @@ its per-request machinery (request/response objects, header multidicts, timers) 
 ~90 µs of CPU per message, most of a core. This client writes one preformatted request
 and parses the answer with ``httptools`` (llhttp, in C), for a fraction of that;
 ``bench/delivery.py`` has the figures. Responses may use ``Content-Length`` or chunked
-encoding; ``Connection: close`` is honoured. ``https://`` URLs use TLS.
+encoding; ``Connection: close`` is honoured. ``https://`` URLs use TLS (trusting the
+system CAs, plus ``ca_file`` when given).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from campaign_trigger.delivery.sandbox_tls import client_context
 from campaign_trigger.delivery.sending import TransportError
 
 
@@ -113,7 +115,9 @@ class _Connection(asyncio.Protocol):
 class Http1Pool:
     """Keep-alive connections to one origin, reused last-in first-out."""
 
-    def __init__(self, base_url: str, *, timeout_seconds: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_seconds: float = 10.0, ca_file: str | None = None
+    ) -> None:
         parts = urlsplit(base_url)
         self.host = parts.hostname or "localhost"
         tls = parts.scheme == "https"
@@ -121,7 +125,8 @@ class Http1Pool:
         default_port = 443 if tls else 80
         self.authority = self.host if self.port == default_port else f"{self.host}:{self.port}"
         self.base_path = parts.path.rstrip("/")
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if tls else None
+        # ca_file: an extra CA to trust (the sandbox's, in sandbox mode)
+        self._ssl: ssl.SSLContext | None = client_context(ca_file) if tls else None
         self._timeout = timeout_seconds
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()

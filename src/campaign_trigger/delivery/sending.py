@@ -2,7 +2,14 @@
 
 A provider subclass builds a payload (:meth:`RetryingSender._build`), posts it once
 (:meth:`RetryingSender._post`) and maps the answer (:meth:`RetryingSender._map`);
-this class runs at most ``concurrency`` sends at a time and decides what happens next:
+this class runs at most ``concurrency`` sends at a time and decides what happens next.
+
+The ``concurrency`` slots belong to the provider, not to one call: concurrent
+:meth:`RetryingSender.send_many` calls of one provider share them. A slot is taken
+before a message is sent and given back only once the caller's ``on_result`` has
+returned — the delivery service returns from it once the outcome is recorded — so
+at no moment are more than ``concurrency`` messages sent and not yet recorded: after
+a crash, at most that many can go twice.
 
 * transient answers (429, 5xx, timeouts, connection errors) are retried after a
   backoff, or after ``Retry-After`` when the provider gives one, up to
@@ -10,8 +17,11 @@ this class runs at most ``concurrency`` sends at a time and decides what happens
 * a stream the server never processed (GOAWAY above ``last_stream_id``, a refused
   stream) is re-sent at once on a new connection and does not count as a try;
 * an expired credential is refreshed and the message re-sent once;
-* a refused credential flags the app (:class:`ProviderEvents`), and every message
+* a refused credential sets :attr:`RetryingSender.auth_failed`, and every message
   still to send answers ``FPErrPushFailed`` without being sent.
+
+What outlives a send — a token that came back unregistered (``PushResult.unregistered_at``),
+refused credentials — is for the caller to record: this package holds no database.
 """
 
 from __future__ import annotations
@@ -20,10 +30,9 @@ import asyncio
 import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
 from campaign_trigger.delivery.auth import AuthRefused, AuthUnavailable
 from campaign_trigger.delivery.base import (
@@ -47,16 +56,7 @@ class NotProcessed(Exception):
     """The server did not process the request (GOAWAY, refused stream): re-send it at once."""
 
 
-class ProviderEvents(Protocol):
-    """Where a provider reports what outlives one send: see ``delivery.registry``."""
-
-    async def auth_failed(self) -> None:
-        """The provider refused the app's credentials."""
-        ...
-
-    async def tokens_unregistered(self, tokens: Mapping[str, datetime]) -> None:
-        """These push tokens came back unregistered at these times."""
-        ...
+OnResult = Callable[[PushResult], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,19 +79,17 @@ class RetryingSender(ABC):
         *,
         concurrency: int,
         max_attempts: int,
-        events: ProviderEvents | None = None,
         backoff_base: float = 0.25,
         backoff_cap: float = 30.0,
         retry_after_cap: float = 60.0,
     ) -> None:
         self._concurrency = max(1, concurrency)
         self._max_attempts = max(1, max_attempts)
-        self._events = events
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
         self._retry_after_cap = retry_after_cap
         self._auth_failed = False
-        self._auth_reported = False
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def auth_failed(self) -> bool:
@@ -118,36 +116,41 @@ class RetryingSender(ABC):
     async def aclose(self) -> None:
         """Close connections."""
 
-    async def send_many(self, messages: Sequence[PushMessage]) -> list[PushResult]:
-        """Send every message; one result per message, in order; never raises per message."""
+    async def send_many(
+        self, messages: Sequence[PushMessage], *, on_result: OnResult | None = None
+    ) -> list[PushResult]:
+        """Send every message; one result per message, in order; never raises per message.
+
+        ``on_result`` is awaited with each result as it arrives (a message that could
+        not be built included), while the message still holds its slot.
+        """
         results: list[PushResult | None] = [None] * len(messages)
         todo: list[tuple[int, PushMessage, bytes]] = []
         for index, message in enumerate(messages):
             try:
                 todo.append((index, message, self._build(message)))
             except PayloadError:
-                results[index] = PushResult(message.key, FP_ERR_JSON_MARSHALLING, None, None)
+                unsendable = results[index] = PushResult(
+                    message.key, FP_ERR_JSON_MARSHALLING, None, None
+                )
+                if on_result is not None:
+                    await on_result(unsendable)
         work: Iterator[tuple[int, PushMessage, bytes]] = iter(todo)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._concurrency)
+        slots = self._slots
 
         async def worker() -> None:
             for index, message, body in work:
-                results[index] = await self._send_one(message, body)
+                async with slots:
+                    result = results[index] = await self._send_one(message, body)
+                    if on_result is not None:
+                        await on_result(result)
 
         workers = min(self._concurrency, len(todo))
         if workers:
             await asyncio.gather(*(worker() for _ in range(workers)))
-        done = [result for result in results if result is not None]
-        gone = {
-            message.token: result.unregistered_at
-            for message, result in zip(messages, done, strict=True)
-            if result.unregistered_at is not None
-        }
-        if gone and self._events is not None:
-            await self._events.tokens_unregistered(gone)
-        if self._auth_failed and not self._auth_reported and self._events is not None:
-            self._auth_reported = True
-            await self._events.auth_failed()
-        return done
+        return [result for result in results if result is not None]
 
     def _failed(self, message: PushMessage) -> PushResult:
         return PushResult(message.key, FP_ERR_PUSH_FAILED, None, None)

@@ -1,32 +1,121 @@
-"""The deployments this package registers on the Prefect server.
+"""What the delivery needs on the Prefect server, created or updated idempotently.
 
-``deliver-request/default`` has no work pool and no schedule: its runs are created
-one per request by ``services.scheduling`` and executed in-process by
-``campaign-trigger worker`` (``deployments.worker``).
+* the work pool ``campaign-trigger-delivery``, of the ``campaign-trigger`` worker type
+  (``campaign-trigger worker`` polls it; pause it or set a concurrency limit in the UI);
+* the deployments ``deliver-request/default`` (one run per request, created by
+  ``services.scheduling``) and ``deliver-chunks/default`` (the shares of a large
+  request, its subflows, in the pool's ``chunks`` queue);
+* the automation :data:`ZOMBIE_AUTOMATION`: a delivery run whose flow-run heartbeats
+  stopped (its worker died) is marked Crashed with :data:`ZOMBIE_MESSAGE`, and any live
+  worker then takes it over (``deployments.upkeep``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from datetime import timedelta
+from typing import Final
 
-from prefect.deployments.runner import RunnerDeployment
+from prefect import get_client
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+from prefect.exceptions import ObjectAlreadyExists
 
-from campaign_trigger.flows.deliver import deliver_request
+from campaign_trigger.config import get_settings
+from campaign_trigger.deployments import catalog
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger(__name__)
 
+WORKER_TYPE: Final = "campaign-trigger"
+ZOMBIE_AUTOMATION: Final = "campaign-trigger: deliveries whose worker died"
+ZOMBIE_MESSAGE: Final = prefect_runs.DEAD_RUN_MESSAGE
+# A run is alive while its engine emits heartbeats or moves; dead when neither happens.
+_ALIVE_EVENTS: Final = {
+    "prefect.flow-run.heartbeat",
+    "prefect.flow-run.Pending",
+    "prefect.flow-run.Running",
+}
+_AT_REST_EVENTS: Final = {
+    f"prefect.flow-run.{name}"
+    for name in (
+        "Scheduled",
+        "Late",
+        "Completed",
+        "Failed",
+        "Cancelled",
+        "Cancelling",
+        "Crashed",
+        "Paused",
+        "AwaitingRetry",
+    )
+}
 
-async def deliver_request_deployment() -> RunnerDeployment:
-    return await deliver_request.ato_deployment(
-        name=prefect_runs.DEPLOYMENT_NAME,
-        description="Delivers one trigger request (one run per request, created by the API).",
-        tags=["campaign-trigger"],
+
+async def _ensure_pool(client: PrefectClient) -> None:
+    from campaign_trigger.deployments.worker import DeliveryWorker
+
+    with contextlib.suppress(ObjectAlreadyExists):
+        await client.create_work_pool(
+            WorkPoolCreate(
+                name=catalog.DELIVERY_POOL,
+                type=WORKER_TYPE,
+                base_job_template=DeliveryWorker.get_default_base_job_template(),
+                description="Deliveries of campaign-trigger requests, run by "
+                "`campaign-trigger worker` processes in-process.",
+            )
+        )
+
+
+def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> AutomationCore:
+    """Dead runs of the delivery deployments become Crashed (with :data:`ZOMBIE_MESSAGE`)."""
+    return AutomationCore(
+        name=ZOMBIE_AUTOMATION,
+        description="A delivery run that neither moved nor sent a heartbeat for "
+        f"{within_seconds} s lost its worker: mark it Crashed; campaign-trigger workers "
+        "take such runs over and resume at the first unrecorded message.",
+        trigger=EventTrigger(
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={
+                "prefect.resource.id": [f"prefect.deployment.{d}" for d in deployment_ids],
+                "prefect.resource.role": "deployment",
+            },
+            after=_ALIVE_EVENTS,
+            expect=_ALIVE_EVENTS | _AT_REST_EVENTS,
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=within_seconds),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=ZOMBIE_MESSAGE)],
     )
 
 
+async def _ensure_zombie_automation(client: PrefectClient, deployment_ids: list[str]) -> None:
+    wanted = zombie_automation(
+        deployment_ids=deployment_ids, within_seconds=get_settings().dead_run_after_seconds
+    )
+    existing = await client.read_automations_by_name(ZOMBIE_AUTOMATION)
+    for automation in existing:
+        if automation.trigger == wanted.trigger and automation.actions == wanted.actions:
+            return
+        await client.delete_automation(automation.id)
+    await client.create_automation(wanted)
+
+
 async def ensure_deployments() -> None:
-    """Create or update our deployments (idempotent; safe from several processes)."""
-    deployment_id = await (await deliver_request_deployment()).aapply()
+    """Create or update the pool, the deployment and the automation (idempotent; safe
+    from several processes)."""
+    deployment_ids = []
+    async with get_client() as client:
+        await _ensure_pool(client)
+        for deployment in (catalog.DELIVER_REQUEST, catalog.DELIVER_CHUNKS):
+            runner = await catalog.runner_deployment(deployment)
+            deployment_ids.append(str(await runner.aapply(work_pool_name=catalog.DELIVERY_POOL)))
+        await _ensure_zombie_automation(client, deployment_ids)
     prefect_runs.forget_deployment_id()
-    logger.info("deployment %s is %s", prefect_runs.DEPLOYMENT_FULL_NAME, deployment_id)
+    logger.info("delivery deployments: %s", ", ".join(deployment_ids))

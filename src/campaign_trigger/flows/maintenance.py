@@ -37,8 +37,8 @@ def purge_files(
 )
 async def reconcile() -> dict[str, Any]:
     """Drain the outbox, then correct the mirrored states."""
-    created = await maintenance.drain_outbox()
-    corrected = await maintenance.correct_mirrors()
+    created = await maintenance.schedule_outbox()
+    corrected = await maintenance.correct_mirrored_states()
     return {"runs_created": created, "corrected": corrected}
 
 
@@ -54,7 +54,7 @@ def settle_in_progress(
     ),
 ) -> dict[str, Any]:
     """Settle stale In progress rows; returns how many rows and which requests."""
-    summary = maintenance.settle_in_progress(older_than_minutes)
+    summary = maintenance.settle_stale_outcomes(older_than_minutes)
     return {"rows": summary.rows, "requests": summary.requests}
 
 

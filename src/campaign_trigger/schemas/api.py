@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pydantic import BaseModel, ConfigDict, Field
+from campaign_trigger.schemas.text import StorableStr
 
 
 class ErrorBody(BaseModel):
@@ -14,8 +14,8 @@ class ErrorBody(BaseModel):
 
 
 class Credentials(BaseModel):
-    email: str = Field(description="The account's e-mail.")
-    password: str = Field(description="The account's password.")
+    email: StorableStr = Field(max_length=320, description="The account's e-mail.")
+    password: StorableStr = Field(max_length=1024, description="The account's password.")
 
 
 class SignInBody(BaseModel):
@@ -32,15 +32,34 @@ class SignedIn(BaseModel):
     organisation: str
 
 
-class MessageIn(BaseModel):
-    """One message of a JSON trigger call (documentation; the body is checked by hand)."""
+TemplateValue = str | int | float | bool | None
 
-    model_config = ConfigDict(extra="allow")
 
-    user_id: str = Field(description="The user to whom the message is sent.")
-    template_variables: dict[str, Any] | None = Field(
-        default=None, description="Template variable name to the value for this user."
+class Message(BaseModel):
+    """One message: a user and the value of each template variable for them.
+
+    The one message model: the API documents its JSON body with it (and checks the body
+    by hand, for the spec's error texts), the ``send-batch`` flow takes it (the Prefect
+    UI renders it as a form) and the Python client sends and returns it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user_id: str = Field(
+        min_length=1, max_length=200, description="The user to whom the message is sent."
     )
+    template_variables: dict[str, TemplateValue] = Field(
+        default_factory=dict,
+        description='Template variable name to value for this user, e.g. {"first_name": "Ada"}; '
+        "every variable of the campaign's message must be given. The message shows each "
+        "value's text exactly: a string as is, a number as written (`2.00` stays `2.00`), "
+        "`true`/`false`, and `null` as empty.",
+    )
+
+    @field_validator("template_variables", mode="before")
+    @classmethod
+    def _null_is_none(cls, value: object) -> object:
+        return {} if value is None else value
 
 
 class TriggerJson(BaseModel):
@@ -52,7 +71,7 @@ class TriggerJson(BaseModel):
         description="ISO 8601 with a UTC offset, basic `20261122T101500+0100` or extended "
         "`2026-11-22T10:15:00+01:00`; at most 5 minutes in the past; default now.",
     )
-    messages: list[MessageIn] = Field(description="The messages, at most `json_messages_cap`.")
+    messages: list[Message] = Field(description="The messages, at most `json_messages_cap`.")
 
 
 class TriggerForm(BaseModel):
@@ -62,18 +81,14 @@ class TriggerForm(BaseModel):
     send_at: str | None = Field(default=None, description="As for the JSON method.")
     file: bytes = Field(
         description="UTF-8 CSV, `,` separated, a `User` column and one column per campaign "
-        "variable, one row per user; at most 1 GB.",
+        "variable, one row per user; at most 1 GB. Every cell is text, delivered exactly "
+        "as written (after CSV unquoting): `007`, `NA` and `TRUE` stay what they are.",
         json_schema_extra={"format": "binary"},
     )
 
 
 class RequestCreated(BaseModel):
     request_id: str
-
-
-class Message(BaseModel):
-    user_id: str
-    template_variables: dict[str, Any]
 
 
 class RequestOut(BaseModel):

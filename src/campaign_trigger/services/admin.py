@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from campaign_trigger.errors import AdminError, InvalidInput
+from campaign_trigger.services import devices
 from campaign_trigger.services.passwords import hash_password
 from campaign_trigger.services.templates import template_variables
 from campaign_trigger.store.models import (
@@ -30,7 +31,6 @@ from campaign_trigger.store.models import (
     Organisation,
     Platform,
     Role,
-    utcnow,
 )
 
 DEVICE_COLUMNS = ("device_id", "user_id", "push_token", "opted_in", "logged_in")
@@ -239,30 +239,7 @@ def import_devices(*, session: Session, app_id: str, path: Path) -> int:
             rows = parse_device_rows(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise AdminError(f"Cannot read {path}: {exc}") from None
-    return upsert_devices(session=session, app_id=app_id, rows=rows)
-
-
-def upsert_devices(*, session: Session, app_id: str, rows: Sequence[dict[str, object]]) -> int:
-    existing = {
-        device.device_id: device
-        for device in session.exec(select(Device).where(Device.app_id == app_id)).all()
-    }
-    now = utcnow()
-    for row in rows:
-        device = existing.get(str(row["device_id"])) or Device(
-            app_id=app_id, device_id=str(row["device_id"])
-        )
-        if device.push_token != row["push_token"]:
-            device.unregistered_at = None
-        device.user_id = row["user_id"]  # type: ignore[assignment]
-        device.push_token = row["push_token"]  # type: ignore[assignment]
-        device.opted_in = bool(row["opted_in"])
-        device.logged_in = bool(row["logged_in"])
-        device.uninstalled_at = None
-        device.updated_at = now
-        session.add(device)
-    session.flush()
-    return len(rows)
+    return devices.upsert_devices(session=session, app_id=app_id, rows=rows)
 
 
 def count_devices(*, session: Session, app_id: str) -> int:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
-from campaign_trigger.services import admin
+from campaign_trigger.services import admin, devices
 from campaign_trigger.store.models import Organisation
+from campaign_trigger.store.private import private_file
 
 ORG = "demo"
 EMAIL = "demo@example.com"
@@ -72,7 +73,7 @@ def seed(*, session: Session, home: Path) -> DemoTenant:
     )
     for app_id, platform in ((ANDROID_APP, "android"), (IOS_APP, "ios")):
         admin.create_app(session=session, org_name=ORG, app_id=app_id, platform=platform)
-        admin.upsert_devices(session=session, app_id=app_id, rows=_device_rows(platform))
+        devices.upsert_devices(session=session, app_id=app_id, rows=_device_rows(platform))
     admin.create_campaign(
         session=session,
         org_name=ORG,
@@ -90,10 +91,11 @@ def seed(*, session: Session, home: Path) -> DemoTenant:
         campaign_id=CAMPAIGN_ID,
         app_ids=(ANDROID_APP, IOS_APP),
     )
-    home.mkdir(parents=True, exist_ok=True)
     body = {key: value for key, value in asdict(tenant).items() if key != "app_ids"}
-    credentials.write_text(json.dumps(body, indent=2))
-    credentials.chmod(0o600)
-    (home / "demo-password").write_text(password)
-    (home / "demo-password").chmod(0o600)
+    for path, text in (
+        (credentials, json.dumps(body, indent=2)),
+        (home / "demo-password", password),
+    ):
+        private_file(path)  # 0600 before the password is written
+        path.write_text(text)
     return tenant

@@ -23,10 +23,10 @@ import threading
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from sqlalchemy import update
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from campaign_trigger.services import prefect_runs
-from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.db import Sessions
 from campaign_trigger.store.models import Request, RequestState
 
 logger = logging.getLogger(__name__)
@@ -47,45 +47,45 @@ def notify_new_request(request_id: str) -> None:
     logger.debug("outbox notified (%d drainers)", len(wakers))
 
 
-def _outbox_batch(limit: int) -> list[prefect_runs.RunToCreate]:
-    with session_scope() as session:
-        rows = session.exec(
-            select(Request)
-            .where(col(Request.flow_run_id).is_(None))
-            .where(Request.state == RequestState.scheduled)
-            .order_by(col(Request.send_at))
-            .limit(limit)
-        ).all()
-        return [
-            prefect_runs.RunToCreate(
-                request_id=row.id,
-                campaign_id=row.campaign_id,
-                org_id=row.org_id,
-                send_at=row.send_at,
-            )
-            for row in rows
-        ]
+def _outbox_batch(session: Session, limit: int) -> list[prefect_runs.RunToCreate]:
+    rows = session.exec(
+        select(Request)
+        .where(col(Request.flow_run_id).is_(None))
+        .where(Request.state == RequestState.scheduled)
+        .order_by(col(Request.send_at))
+        .limit(limit)
+    ).all()
+    session.commit()  # end the read: this session lives across Prefect calls
+    return [
+        prefect_runs.RunToCreate(
+            request_id=row.id,
+            campaign_id=row.campaign_id,
+            org_id=row.org_id,
+            send_at=row.send_at,
+        )
+        for row in rows
+    ]
 
 
-def _record_flow_runs(created: dict[str, str]) -> list[str]:
+def _record_flow_runs(session: Session, created: dict[str, str]) -> list[str]:
     """Store the run ids; returns the flow run ids of requests cancelled meanwhile."""
-    cancelled: list[str] = []
-    with session_scope() as session:
-        for request_id, flow_run_id in created.items():
-            session.execute(
-                update(Request)
-                .where(col(Request.id) == request_id)
-                .where(col(Request.flow_run_id).is_(None))
-                .values(flow_run_id=flow_run_id)
-            )
-        states = session.exec(
-            select(Request.id, Request.state).where(col(Request.id).in_(list(created)))
-        ).all()
-        cancelled = [created[rid] for rid, state in states if state == RequestState.canceled]
-    return cancelled
+    for request_id, flow_run_id in created.items():
+        session.execute(
+            update(Request)
+            .where(col(Request.id) == request_id)
+            .where(col(Request.flow_run_id).is_(None))
+            .values(flow_run_id=flow_run_id)
+        )
+    states = session.exec(
+        select(Request.id, Request.state).where(col(Request.id).in_(list(created)))
+    ).all()
+    session.commit()
+    return [created[rid] for rid, state in states if state == RequestState.canceled]
 
 
-async def drain_outbox(*, batch_size: int = 500, client: PrefectClient | None = None) -> int:
+async def drain_outbox(
+    *, session: Session, batch_size: int = 500, client: PrefectClient | None = None
+) -> int:
     """Create the flow runs of the requests in the outbox; returns how many were created.
 
     Raises whatever the Prefect client raises when the server cannot be reached; the
@@ -93,14 +93,14 @@ async def drain_outbox(*, batch_size: int = 500, client: PrefectClient | None = 
     """
     if client is None:
         async with get_client() as own_client:
-            return await drain_outbox(batch_size=batch_size, client=own_client)
+            return await drain_outbox(session=session, batch_size=batch_size, client=own_client)
     total = 0
     while True:
-        batch = await asyncio.to_thread(_outbox_batch, batch_size)
+        batch = await asyncio.to_thread(_outbox_batch, session, batch_size)
         if not batch:
             return total
         created = await prefect_runs.create_runs(client, batch)
-        cancelled = await asyncio.to_thread(_record_flow_runs, created)
+        cancelled = await asyncio.to_thread(_record_flow_runs, session, created)
         for flow_run_id in cancelled:
             await prefect_runs.cancel_if_scheduled(client, flow_run_id)
         total += len(created)
@@ -109,8 +109,11 @@ async def drain_outbox(*, batch_size: int = 500, client: PrefectClient | None = 
             return total
 
 
-async def run_reconciler(*, stop: asyncio.Event | None = None, interval: float = 1.0) -> None:
-    """Drain the outbox when notified, and every ``interval`` seconds, until ``stop``."""
+async def run_reconciler(
+    *, sessions: Sessions, stop: asyncio.Event | None = None, interval: float = 1.0
+) -> None:
+    """Drain the outbox when notified, and every ``interval`` seconds, until ``stop``
+    (a session from ``sessions`` per drain)."""
     stop = stop or asyncio.Event()
     wake = asyncio.Event()
     entry = (asyncio.get_running_loop(), wake)
@@ -124,7 +127,8 @@ async def run_reconciler(*, stop: asyncio.Event | None = None, interval: float =
                 async with get_client() as client:  # one client while all goes well
                     while not stop.is_set():
                         wake.clear()
-                        await drain_outbox(client=client)
+                        with sessions() as session:
+                            await drain_outbox(session=session, client=client)
                         failures = 0
                         await _wait(wake, stop, interval)
             except Exception as exc:  # Prefect down, database busy: try again later

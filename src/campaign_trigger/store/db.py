@@ -1,9 +1,13 @@
-"""Engine and sessions. SQLite (WAL, busy timeout) by default; PostgreSQL by URL."""
+"""Engine and sessions. SQLite (WAL, busy timeout) by default; PostgreSQL by URL.
+
+A SQLite database file is created 0600 in a 0700 folder (it holds SDK and identity
+keys); an existing one of ours loses any group or other rights.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlmodel import Session
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.store.private import private_file
 
 
 def normalise_url(url: str) -> str:
@@ -38,8 +43,9 @@ def engine_for(url: str) -> Engine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
         database = make_url(url).database
-        if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        if database and database != ":memory:" and not database.startswith("file:"):
+            # 0600 before SQLite opens it: its -wal and -shm files take the same mode
+            private_file(Path(database))
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
         )
@@ -53,9 +59,18 @@ def get_engine() -> Engine:
     return engine_for(get_settings().database_url)
 
 
+Sessions = Callable[[], AbstractContextManager[Session]]
+"""Where a long-running use case (a loop) gets a session per unit of work: the edge that
+starts it hands it :func:`session_scope` (or a test's own)."""
+
+
 @contextmanager
 def session_scope() -> Iterator[Session]:
-    """A session committed on success and rolled back on error."""
+    """A session committed on success and rolled back on error.
+
+    Opened at the edges only (the API's session dependency, the Prefect tasks, the CLI
+    and the worker process); services are handed a session.
+    """
     with Session(get_engine(), expire_on_commit=False) as session:
         try:
             yield session

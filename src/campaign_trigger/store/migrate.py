@@ -26,3 +26,13 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 def downgrade(database_url: str, revision: str) -> None:
     command.downgrade(alembic_config(database_url), revision)
+
+
+def current_revision(database_url: str) -> str | None:
+    """The revision the database is at (None: never migrated)."""
+    from alembic.migration import MigrationContext
+
+    from campaign_trigger.store.db import engine_for
+
+    with engine_for(database_url).connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

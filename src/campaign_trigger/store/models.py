@@ -7,6 +7,7 @@ then add a migration (``alembic revision --autogenerate``) in the same commit.
 from __future__ import annotations
 
 import enum
+import secrets
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,11 @@ def utcnow() -> datetime:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def new_identity_key() -> str:
+    """A fresh identity-verification key (256 random bits)."""
+    return f"idk_{secrets.token_urlsafe(32)}"
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -115,13 +121,19 @@ class Account(SQLModel, table=True):
 
 
 class App(SQLModel, table=True):
-    """A mobile app of an organisation; its SDK key authenticates device calls."""
+    """A mobile app of an organisation; its SDK key authenticates device calls.
+
+    With ``identity_verification`` on, logging a user in on a device needs the HMAC-SHA256
+    of the user id under ``identity_key``, made by the tenant's back-end.
+    """
 
     id: int | None = Field(default=None, primary_key=True)
     app_id: str = Field(unique=True, min_length=1, max_length=200)
     org_id: int = Field(foreign_key="organisation.id", index=True)
     platform: Platform = Field(sa_type=_enum(Platform))
     sdk_key: str = Field(unique=True, max_length=128)
+    identity_key: str = Field(default_factory=new_identity_key, max_length=128)
+    identity_verification: bool = False
     provider_auth_failed_at: datetime | None = Field(
         default=None, sa_column=Column(UTCDateTime(), nullable=True)
     )
@@ -153,7 +165,11 @@ class CampaignApp(SQLModel, table=True):
 
 
 class Device(SQLModel, table=True):
-    """One install of an app, with the user last logged in on it."""
+    """One install of an app, with the user last logged in on it.
+
+    ``secret_hash`` is the SHA-256 of the device secret handed to the install when it
+    registered; None for a device imported by an operator and not yet claimed.
+    """
 
     __table_args__ = (
         UniqueConstraint("app_id", "device_id"),
@@ -165,6 +181,7 @@ class Device(SQLModel, table=True):
     device_id: str = Field(min_length=1, max_length=200)
     user_id: str | None = Field(default=None, max_length=200)
     push_token: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    secret_hash: str | None = Field(default=None, max_length=64)
     opted_in: bool = True
     logged_in: bool = True
     unregistered_at: datetime | None = Field(
@@ -197,8 +214,10 @@ class Request(SQLModel, table=True):
     source: MessageSource = Field(sa_type=_enum(MessageSource))
     message_count: int = Field(default=0, ge=0)
     messages_path: str | None = Field(default=None, max_length=1000)
+    chunk_size: int = Field(default=5000, gt=0)  # fixed at creation: re-runs chunk alike
     state: RequestState = Field(default=RequestState.scheduled, sa_type=_enum(RequestState))
     flow_run_id: str | None = Field(default=None, max_length=64)
+    run_owner: str | None = Field(default=None, max_length=128)  # the worker running it
     idempotency_key: str | None = Field(default=None, max_length=200)
     body_hash: str | None = Field(default=None, max_length=128)
     processed_at: datetime | None = Field(
@@ -208,7 +227,11 @@ class Request(SQLModel, table=True):
 
 
 class RequestMessage(SQLModel, table=True):
-    """One message of a JSON request (CSV requests keep theirs in the stored file)."""
+    """One message of a JSON request as the caller sent it (for the API's answers).
+
+    Delivery never reads these: every request's messages are in its message file
+    (``services/message_file.py``), values as text.
+    """
 
     request_id: str = Field(foreign_key="request.id", primary_key=True, max_length=64)
     seq: int = Field(primary_key=True, ge=0)
@@ -229,13 +252,21 @@ class DeliveredChunk(SQLModel, table=True):
 
 
 class Outcome(SQLModel, table=True):
-    """One report row: what happened to one message on one device (or why it was not sent)."""
+    """One report row: what happened to one message on one device (or why it was not sent).
 
-    __table_args__ = (Index("ix_outcome_request_app", "request_id", "app_id"),)
+    At most one row per (request, app, message row, device): a message recorded for a
+    device is never sent to it again (``services/delivering.py``).
+    """
+
+    __table_args__ = (
+        UniqueConstraint(
+            "request_id", "app_id", "row_no", "device_id", name="uq_outcome_request_app_row_device"
+        ),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     request_id: str = Field(foreign_key="request.id", max_length=64)
-    chunk_no: int = Field(ge=0)
+    row_no: int = Field(ge=0)  # the message's position in the request (0-based)
     app_id: str = Field(max_length=200)
     user_id: str = Field(max_length=200)
     device_id: str = Field(default="", max_length=200)
@@ -275,3 +306,21 @@ class RevokedToken(SQLModel, table=True):
 
     jti: str = Field(primary_key=True, max_length=64)
     expires_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+
+
+class SignInFailure(SQLModel, table=True):
+    """One failed sign-in, counted against an account or a client address.
+
+    ``key`` is ``account:`` or ``address:`` and the SHA-256 of the e-mail or address.
+    An attempt is written when it starts (so that concurrent attempts, in any process,
+    see each other) and deleted if it succeeds.
+    """
+
+    __table_args__ = (
+        Index("ix_signinfailure_key_time", "key", "failed_at"),
+        Index("ix_signinfailure_time", "failed_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(max_length=80)
+    failed_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))

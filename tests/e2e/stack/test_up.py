@@ -1,5 +1,6 @@
-"""`campaign-trigger up` on a fresh home: everything answers, the demo signs in, Ctrl-C
-leaves no process behind; a port in use gives a clear message."""
+"""`campaign-trigger up` on a fresh home: everything answers, the demo signs in, a killed
+worker is started again and delivers, Ctrl-C leaves no process behind; a port in use
+gives a clear message."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ def _env(home: Path, ports: dict[str, int]) -> dict[str, str]:
             "CT_HOME": str(home),
             "CT_API_PORT": str(ports["api"]),
             "CT_SANDBOX_PORT": str(ports["sandbox"]),
+            "CT_SANDBOX_TLS_PORT": str(ports["sandbox_tls"]),
             "CT_PREFECT_PORT": str(ports["prefect"]),
         }
     )
@@ -38,7 +41,7 @@ def _env(home: Path, ports: dict[str, int]) -> dict[str, str]:
 
 
 def test_up_serves_the_stack_and_stops_cleanly(tmp_path: Path) -> None:
-    ports = {"api": free_port(), "sandbox": free_port(), "prefect": free_port()}
+    ports = {k: free_port() for k in ("api", "sandbox", "sandbox_tls", "prefect")}
     home = tmp_path / "home"
     stack = ManagedProcess(
         "up", [CLI, "up"], env=_env(home, ports), log_dir=tmp_path, inherit_env=False
@@ -67,6 +70,13 @@ def test_up_serves_the_stack_and_stops_cleanly(tmp_path: Path) -> None:
         log = stack.log_path.read_text()
         assert demo["password"] in log
         assert f":{ports['api']}" in log
+        ca = home.resolve() / "sandbox-ca.pem"
+        assert f"Sandbox CA    {ca}" in log
+        trusting = ssl.create_default_context(cafile=str(ca))
+        tls = httpx.get(f"https://127.0.0.1:{ports['sandbox_tls']}/sandbox/stats", verify=trusting)
+        assert tls.status_code == 200
+
+        _kill_the_worker_and_deliver_after_its_restart(stack, ports, signed.headers)
 
         group = [stack.pid, *(child.pid for child in psutil.Process(stack.pid).children(True))]
         assert len(group) >= 5
@@ -83,8 +93,47 @@ def test_up_serves_the_stack_and_stops_cleanly(tmp_path: Path) -> None:
         stack.stop()
 
 
+def _kill_the_worker_and_deliver_after_its_restart(
+    stack: ManagedProcess, ports: dict[str, int], signed: httpx.Headers
+) -> None:
+    [worker] = [
+        child
+        for child in psutil.Process(stack.pid).children(recursive=True)
+        if "worker" in child.cmdline()
+    ]
+    worker.kill()
+    deadline = time.monotonic() + 60
+    while "delivery worker was started again" not in stack.log_path.read_text():
+        assert time.monotonic() < deadline, stack.log_tail()
+        time.sleep(0.2)
+    api = f"http://127.0.0.1:{ports['api']}"
+    auth = {"Authorization": signed["Authorization"]}
+    created = httpx.post(
+        f"{api}/api/campaigns/trigger",
+        headers=auth,
+        json={
+            "campaign_id": "demo-campaign",
+            "messages": [
+                {"user_id": "user-1", "template_variables": {"first_name": "A", "order_id": "1"}}
+            ],
+        },
+    )
+    assert created.status_code == 200, created.text
+    request_id = created.json()["request_id"]
+    deadline = time.monotonic() + 120
+    while True:
+        report = httpx.get(
+            f"{api}/api/campaigns/report", params={"request_id": request_id}, headers=auth
+        )
+        if report.status_code == 200:
+            break
+        assert time.monotonic() < deadline, (report.text, stack.log_tail())
+        time.sleep(1)
+    assert report.json()["reports"]
+
+
 def test_up_names_a_port_in_use(tmp_path: Path) -> None:
-    ports = {"api": free_port(), "sandbox": free_port(), "prefect": free_port()}
+    ports = {k: free_port() for k in ("api", "sandbox", "sandbox_tls", "prefect")}
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", ports["api"]))
         busy.listen()

@@ -58,6 +58,17 @@ def test_migrate_is_repeatable() -> None:
     assert "up to date" in ok("migrate")
 
 
+def test_migrate_says_it_created_an_empty_database(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "CT_DATABASE_URL": f"sqlite:///{tmp_path / 'new.sqlite'}"}
+    command = [sys.executable, "-m", "campaign_trigger.cli", "admin", "migrate"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.startswith("Database created (revision ")
+    again = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert again.stdout.startswith("Database is up to date (revision ")
+
+
 def test_create_org_refuses_a_duplicate_and_a_negative_quota(org: str) -> None:
     assert "already exists" in refused("create-org", org)
     assert "Quota" in refused("create-org", "other-" + org, "--quota", "-1")
@@ -308,3 +319,35 @@ def test_console_script_runs_and_fails_with_a_one_line_reason() -> None:
     )
     assert result.returncode == 1
     assert result.stderr.strip() == "error: Unknown campaign 'nope'"
+
+
+def test_identity_verification_is_shown_rotated_and_switched(android_app: str) -> None:
+    shown = ok("show-identity-key", "--app-id", android_app)
+    assert f"App {android_app}: identity verification off" in shown
+    key = shown.split("Identity key: ", 1)[1].strip()
+    assert key.startswith("idk_")
+    assert len(key) > 40
+    rotated = ok("rotate-identity-key", "--app-id", android_app).split("Identity key: ", 1)[1]
+    assert rotated.strip() != key
+    assert "identity verification on" in ok(
+        "set-identity-verification", "--app-id", android_app, "--on"
+    )
+    with session_scope() as session:
+        app = session.exec(select(App).where(App.app_id == android_app)).one()
+        assert (app.identity_verification, app.identity_key) == (True, rotated.strip())
+    ok("set-identity-verification", "--app-id", android_app, "--off")
+    with session_scope() as session:
+        app = session.exec(select(App).where(App.app_id == android_app)).one()
+        assert app.identity_verification is False
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["show-identity-key"],
+        ["rotate-identity-key"],
+        ["set-identity-verification", "--on"],
+    ],
+)
+def test_identity_commands_refuse_an_unknown_app(command: list[str]) -> None:
+    assert "Unknown app" in refused(*command, "--app-id", "no-such-app")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from campaign_trigger.services import admin
+from campaign_trigger.services import admin, devices
 from campaign_trigger.store.db import session_scope
 from support import VENV_BIN, ManagedProcess, free_port, wait_http
 
@@ -104,7 +104,7 @@ def seed_tenant(*, quota: int = 10_000, users: int = 3, started: bool = True) ->
         )
         if started:
             admin.launch_campaign(session=session, campaign_id=campaign.id)
-        admin.upsert_devices(
+        devices.upsert_devices(
             session=session,
             app_id=app_id,
             rows=[

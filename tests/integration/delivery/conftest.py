@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -25,18 +24,7 @@ from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.migrate import upgrade
 from campaign_trigger.store.models import App, Organisation, Platform
-
-RESERVED_PORTS = {4200, 8000, 8010}
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (never one of the stack's defaults)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in RESERVED_PORTS:
-            return port
+from support import free_port
 
 
 @pytest.fixture
@@ -58,11 +46,23 @@ def delivery_database() -> str:
 
 
 @pytest.fixture(scope="session")
-def sandbox_session() -> Iterator[tuple[str, SandboxState]]:
-    """The sandbox, served by hypercorn in a thread, for the whole session."""
-    port = free_port()
-    with running_sandbox(host="127.0.0.1", port=port) as state:
+def sandbox_ports() -> tuple[int, int]:
+    """The session sandbox's cleartext and TLS ports."""
+    return free_port(), free_port()
+
+
+@pytest.fixture(scope="session")
+def sandbox_session(sandbox_ports: tuple[int, int]) -> Iterator[tuple[str, SandboxState]]:
+    """The sandbox (cleartext and TLS), served in a thread, for the whole session."""
+    port, tls_port = sandbox_ports
+    with running_sandbox(host="127.0.0.1", port=port, tls_port=tls_port) as state:
         yield f"http://127.0.0.1:{port}", state
+
+
+@pytest.fixture
+def sandbox_tls(sandbox_ports: tuple[int, int], sandbox: str) -> str:
+    """The sandbox's TLS base URL (its deliveries cleared for this test)."""
+    return f"https://127.0.0.1:{sandbox_ports[1]}"
 
 
 @pytest.fixture

@@ -14,15 +14,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from push_helpers import DATA, FakeClock, message
-from sqlmodel import select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.apns import ApnsProvider
 from campaign_trigger.delivery.base import PushMessage
 from campaign_trigger.delivery.credentials import apns_credentials
-from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.models import App, Device, Platform
+from campaign_trigger.store.models import App, Platform
 
 
 @pytest.mark.parametrize(
@@ -42,7 +40,7 @@ from campaign_trigger.store.models import App, Device, Platform
 async def test_each_sandbox_outcome_maps_to_its_report_value(
     settings: Settings, ios_app: App, token: str, expected: str
 ) -> None:
-    provider = open_provider(Platform.ios, settings=settings, app_id=ios_app.app_id)
+    provider = open_provider(Platform.ios, settings=settings)
     try:
         [result] = await provider.send_many([message(3, token)])
     finally:
@@ -79,6 +77,7 @@ async def test_requests_go_over_http2_with_the_apns_headers(
 
 async def test_jwt_is_reused_for_its_window_then_renewed(settings: Settings) -> None:
     clock = FakeClock()
+    clock.now -= 45 * 60  # every JWT minted below is then in the past and under an hour old
     provider = ApnsProvider(apns_credentials(settings), clock=clock, jwt_reuse_seconds=40 * 60)
     try:
         await provider.send_many([message(0, "jwt-a")])
@@ -116,12 +115,10 @@ async def test_expired_provider_token_gets_a_new_jwt_and_one_retry(
     assert set(stats["per_token"].values()) == {1}
 
 
-async def test_unregistered_timestamp_is_recorded_on_the_device(
-    settings: Settings, ios_app: App
+async def test_an_unregistered_token_answers_with_apples_timestamp(
+    settings: Settings,
 ) -> None:
-    with session_scope() as session:
-        session.add(Device(app_id=ios_app.app_id, device_id="i1", push_token="unregistered-i1"))
-    provider = open_provider(Platform.ios, settings=settings, app_id=ios_app.app_id)
+    provider = open_provider(Platform.ios, settings=settings)
     before = datetime.now(UTC)
     try:
         [result] = await provider.send_many([message(0, "unregistered-i1")])
@@ -130,10 +127,6 @@ async def test_unregistered_timestamp_is_recorded_on_the_device(
     assert result.error_message == "FPErrTokenUnregistered"
     assert result.unregistered_at is not None
     assert abs((result.unregistered_at - before).total_seconds()) < 5
-    with session_scope() as session:
-        device = session.exec(select(Device).where(Device.app_id == ios_app.app_id)).one()
-    assert device.unregistered_at is not None
-    assert abs((device.unregistered_at - result.unregistered_at).total_seconds()) < 0.002
 
 
 async def test_flaky_is_retried_with_the_same_apns_id(settings: Settings, sandbox: str) -> None:
@@ -192,16 +185,13 @@ async def test_refused_provider_token_flags_the_app(
     configured = settings.model_copy(
         update={"apns_key_file": str(path), "apns_key_id": "DENIED1234", "apns_team_id": "TEAM1"}
     )
-    provider = open_provider(Platform.ios, settings=configured, app_id=ios_app.app_id)
+    provider = open_provider(Platform.ios, settings=configured)
     try:
         results = await provider.send_many([message(i, f"ok-{i}") for i in range(20)])
     finally:
         await provider.aclose()
     assert {r.error_message for r in results} == {"FPErrPushFailed"}
     assert provider.auth_failed
-    with session_scope() as session:
-        app = session.exec(select(App).where(App.app_id == ios_app.app_id)).one()
-    assert app.provider_auth_failed_at is not None
 
 
 async def test_streams_above_goaway_last_stream_id_are_resent_on_a_new_connection(

@@ -1,7 +1,9 @@
-"""Device registry and inbox routes through a real HTTP server (uvicorn, create_app())."""
+"""Device registry and inbox routes through a real HTTP server (uvicorn, create_app()):
+app key, device secret, identity verification, inbox of the logged-in user."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
@@ -11,14 +13,16 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 import uvicorn
+from sqlmodel import select
 
 from campaign_trigger.api.app import create_app
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.base import PushMessage
-from campaign_trigger.delivery.inapp import InboxEntry, publish_inapp
+from campaign_trigger.services import devices
+from campaign_trigger.services.inbox import InboxEntry, publish_inapp
 from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.models import App, Platform
+from campaign_trigger.store.models import App, Device, Platform
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +45,28 @@ def api(delivery_database: str) -> Iterator[str]:
     thread.join(10)
 
 
-def key(app: App) -> dict[str, str]:
-    return {"X-App-Key": app.sdk_key}
+def key(app: App, secret: str | None = None) -> dict[str, str]:
+    headers = {"X-App-Key": app.sdk_key}
+    if secret is not None:
+        headers["X-Device-Secret"] = secret
+    return headers
 
 
-def register(api: str, app: App, device_id: str, token: str | None) -> httpx.Response:
+def register(
+    api: str, app: App, device_id: str, token: str | None, secret: str | None = None
+) -> httpx.Response:
     return httpx.post(
         f"{api}/api/apps/{app.app_id}/devices",
         json={"device_id": device_id, "push_token": token},
-        headers=key(app),
+        headers=key(app, secret),
     )
+
+
+def secret_of(answer: httpx.Response) -> str:
+    assert answer.status_code == 200, answer.text
+    secret = answer.json()["device_secret"]
+    assert isinstance(secret, str)
+    return secret
 
 
 def test_a_device_registers_logs_in_and_out_opts_out_and_uninstalls(
@@ -58,7 +74,9 @@ def test_a_device_registers_logs_in_and_out_opts_out_and_uninstalls(
 ) -> None:
     created = register(api, android_app, "dev-1", "tok-1")
     assert created.status_code == 200
-    assert created.json() | {"updated_at": None} == {
+    secret = secret_of(created)
+    assert created.headers["cache-control"] == "no-store"
+    assert created.json() | {"updated_at": None, "device_secret": None} == {
         "app_id": android_app.app_id,
         "device_id": "dev-1",
         "user_id": None,
@@ -68,20 +86,28 @@ def test_a_device_registers_logs_in_and_out_opts_out_and_uninstalls(
         "unregistered": False,
         "uninstalled": False,
         "updated_at": None,
+        "device_secret": None,
     }
+    with session_scope() as session:
+        stored = session.exec(
+            select(Device).where(Device.app_id == android_app.app_id, Device.device_id == "dev-1")
+        ).one()
+        assert stored.secret_hash == hashlib.sha256(secret.encode()).hexdigest()
     base = f"{api}/api/apps/{android_app.app_id}/devices/dev-1"
-    login = httpx.put(f"{base}/user", json={"user_id": "u-42"}, headers=key(android_app))
+    headers = key(android_app, secret)
+    login = httpx.put(f"{base}/user", json={"user_id": "u-42"}, headers=headers)
     assert (login.json()["user_id"], login.json()["logged_in"]) == ("u-42", True)
-    logout = httpx.delete(f"{base}/user", headers=key(android_app))
+    logout = httpx.delete(f"{base}/user", headers=headers)
     assert (logout.json()["user_id"], logout.json()["logged_in"]) == ("u-42", False)
-    opt_out = httpx.put(f"{base}/push", json={"opted_in": False}, headers=key(android_app))
+    opt_out = httpx.put(f"{base}/push", json={"opted_in": False}, headers=headers)
     assert opt_out.json()["opted_in"] is False
-    opt_in = httpx.put(f"{base}/push", json={"opted_in": True}, headers=key(android_app))
+    opt_in = httpx.put(f"{base}/push", json={"opted_in": True}, headers=headers)
     assert opt_in.json()["opted_in"] is True
-    gone = httpx.post(f"{base}/uninstall", headers=key(android_app))
+    gone = httpx.post(f"{base}/uninstall", headers=headers)
     assert gone.json()["uninstalled"] is True
-    back = register(api, android_app, "dev-1", "tok-2")
+    back = register(api, android_app, "dev-1", "tok-2", secret)
     assert back.json()["uninstalled"] is False
+    assert back.json()["device_secret"] is None  # shown once, at creation
 
 
 def test_missing_wrong_and_other_apps_keys_are_refused(
@@ -93,13 +119,13 @@ def test_missing_wrong_and_other_apps_keys_are_refused(
         answer = httpx.post(url, json=body, headers=headers)
         assert answer.status_code == 401
         assert set(answer.json()) == {"error_message"}
-    assert register(api, android_app, "dev-k", "tok").status_code == 200
-    other = httpx.put(f"{url}/dev-k/push", json={"opted_in": False}, headers=key(ios_app))
+    secret = secret_of(register(api, android_app, "dev-k", "tok"))
+    other = httpx.put(f"{url}/dev-k/push", json={"opted_in": False}, headers=key(ios_app, secret))
     assert other.status_code == 401
     inbox = httpx.get(
         f"{api}/api/inapp/messages",
         params={"device_id": "dev-k", "app_id": android_app.app_id},
-        headers=key(ios_app),
+        headers=key(ios_app, secret),
     )
     assert (inbox.status_code, set(inbox.json())) == (401, {"error_message"})
 
@@ -109,24 +135,26 @@ def test_bad_input_and_unknown_devices_answer_400_with_error_message(
 ) -> None:
     empty = register(api, android_app, "", "tok")
     assert (empty.status_code, set(empty.json())) == (400, {"error_message"})
-    unknown = httpx.delete(
-        f"{api}/api/apps/{android_app.app_id}/devices/never-seen/user", headers=key(android_app)
-    )
-    assert unknown.status_code == 400
-    assert unknown.json() == {"error_message": "The device never-seen is not registered"}
-    cursor = httpx.get(
-        f"{api}/api/inapp/messages",
-        params={"device_id": "d", "cursor": "garbage"},
-        headers=key(android_app),
-    )
-    assert cursor.json() == {"error_message": "Invalid cursor"}
+    secret = secret_of(register(api, android_app, "dev-c", "tok-c"))
+    for cursor in (
+        "garbage",
+        "2026-01-01T00:00:00+00:00_99999999999999999999999",  # past a 64-bit integer
+        "9999-12-31T23:59:59-23:00_1",  # no UTC equivalent
+        "0001-01-01T00:00:00+23:00_1",
+    ):
+        answer = httpx.get(
+            f"{api}/api/inapp/messages",
+            params={"device_id": "dev-c", "cursor": cursor},
+            headers=key(android_app, secret),
+        )
+        assert (answer.status_code, answer.json()) == (400, {"error_message": "Invalid cursor"})
 
 
 async def test_unregistered_token_stays_unregistered_until_a_new_token_is_registered(
     api: str, android_app: App, settings: Settings
 ) -> None:
-    assert register(api, android_app, "dev-u", "unregistered-dev-u").status_code == 200
-    provider = open_provider(Platform.android, settings=settings, app_id=android_app.app_id)
+    secret = secret_of(register(api, android_app, "dev-u", "unregistered-dev-u"))
+    provider = open_provider(Platform.android, settings=settings)
     try:
         [result] = await provider.send_many(
             [PushMessage(key=0, token="unregistered-dev-u", title="t", body="b", data={})]
@@ -134,15 +162,32 @@ async def test_unregistered_token_stays_unregistered_until_a_new_token_is_regist
     finally:
         await provider.aclose()
     assert result.error_message == "FPErrTokenUnregistered"
-    same = register(api, android_app, "dev-u", "unregistered-dev-u")
+    assert result.unregistered_at is not None
+    with session_scope() as session:  # what the delivery records with the answer
+        devices.record_unregistered(
+            session=session,
+            app_id=android_app.app_id,
+            tokens={"unregistered-dev-u": result.unregistered_at},
+        )
+    same = register(api, android_app, "dev-u", "unregistered-dev-u", secret)
     assert same.json()["unregistered"] is True  # the same token: still gone
-    fresh = register(api, android_app, "dev-u", "brand-new-token")
+    fresh = register(api, android_app, "dev-u", "brand-new-token", secret)
     assert fresh.json()["unregistered"] is False
 
 
 def test_inbox_pages_newest_first_with_publish_time_as_sent_at(
     api: str, android_app: App, ios_app: App
 ) -> None:
+    secrets_by_app = {}
+    for app in (android_app, ios_app):
+        secret = secret_of(register(api, app, "dev-i", f"tok-{app.app_id}"))
+        login = httpx.put(
+            f"{api}/api/apps/{app.app_id}/devices/dev-i/user",
+            json={"user_id": "u1"},
+            headers=key(app, secret),
+        )
+        assert login.status_code == 200, login.text
+        secrets_by_app[app.app_id] = secret
     first = datetime(2026, 1, 1, tzinfo=UTC)
     entries = [
         InboxEntry(android_app.app_id, "dev-i", "u1", f"req-{n}", "camp", f"T{n}", f"B{n}")
@@ -157,7 +202,8 @@ def test_inbox_pages_newest_first_with_publish_time_as_sent_at(
         later = publish_inapp(session=session, rows=entries[100:] + others)
     assert later > first
     url = f"{api}/api/inapp/messages"
-    page1 = httpx.get(url, params={"device_id": "dev-i", "limit": 100}, headers=key(android_app))
+    android = key(android_app, secrets_by_app[android_app.app_id])
+    page1 = httpx.get(url, params={"device_id": "dev-i", "limit": 100}, headers=android)
     assert page1.status_code == 200
     body1 = page1.json()
     assert [m["title"] for m in body1["messages"][:30]] == [f"T{n}" for n in range(129, 99, -1)]
@@ -166,12 +212,13 @@ def test_inbox_pages_newest_first_with_publish_time_as_sent_at(
     page2 = httpx.get(
         url,
         params={"device_id": "dev-i", "limit": 100, "cursor": body1["next_cursor"]},
-        headers=key(android_app),
+        headers=android,
     ).json()
     titles = [m["title"] for m in body1["messages"] + page2["messages"]]
     assert titles == [f"T{n}" for n in range(129, -1, -1)]
     assert page2["next_cursor"] is None
-    ios_page = httpx.get(url, params={"device_id": "dev-i"}, headers=key(ios_app)).json()
+    ios = key(ios_app, secrets_by_app[ios_app.app_id])
+    ios_page = httpx.get(url, params={"device_id": "dev-i"}, headers=ios).json()
     assert [m["title"] for m in ios_page["messages"]] == ["Y"]
 
 

@@ -17,7 +17,13 @@ from sqlmodel import col, select
 from campaign_trigger.config import get_settings
 from campaign_trigger.flows.maintenance import purge_files, reconcile, settle_in_progress
 from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.files import Storage, get_storage, report_key, upload_key
+from campaign_trigger.store.files import (
+    Storage,
+    get_storage,
+    messages_key,
+    report_key,
+    upload_key,
+)
 from campaign_trigger.store.models import (
     Channel,
     MessageSource,
@@ -104,11 +110,13 @@ def test_purge_files_deletes_old_files_of_ended_requests_only(
     recent_done = add_request(tenant, state=RequestState.processed)
     purged = [
         write(storage, upload_key(old_done), days_old=40),
+        write(storage, messages_key(old_done), days_old=40),
         write(storage, report_key(old_done, tenant.app_id), days_old=40),
         write(storage, upload_key("orphan-" + new_id()), days_old=40),  # refused upload
     ]
     kept = [
         write(storage, upload_key(old_waiting), days_old=40),  # sends in a month: keep
+        write(storage, messages_key(old_waiting), days_old=40),
         write(storage, report_key(recent_done, tenant.app_id), days_old=1),
     ]
     result = purge_files(older_than_days=30)
@@ -163,7 +171,7 @@ def test_settle_in_progress_fails_stale_rows_and_rewrites_the_report(
         session.add(
             Outcome(
                 request_id=request_id,
-                chunk_no=0,
+                row_no=0,
                 app_id=tenant.app_id,
                 user_id=tenant.users[0],
                 device_id="d1",
@@ -176,7 +184,7 @@ def test_settle_in_progress_fails_stale_rows_and_rewrites_the_report(
         session.add(
             Outcome(
                 request_id=recent,
-                chunk_no=0,
+                row_no=0,
                 app_id=tenant.app_id,
                 user_id=tenant.users[0],
                 device_id="d1",

@@ -11,18 +11,30 @@ import pytest
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox import running_sandbox
+from campaign_trigger.delivery.sandbox_rules import SandboxState
 from support import ManagedProcess, free_port
 
 
 @pytest.fixture(scope="session")
-def sandbox_url() -> Iterator[str]:
+def sandbox_session() -> Iterator[tuple[str, SandboxState]]:
     port = free_port()
     os.environ["CT_SANDBOX_PORT"] = str(port)
     get_settings.cache_clear()
-    with running_sandbox(port=port):
-        yield f"http://127.0.0.1:{port}"
+    with running_sandbox(port=port) as state:
+        yield f"http://127.0.0.1:{port}", state
     os.environ.pop("CT_SANDBOX_PORT", None)
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def sandbox_url(sandbox_session: tuple[str, SandboxState]) -> str:
+    return sandbox_session[0]
+
+
+@pytest.fixture
+def sandbox_state(sandbox_session: tuple[str, SandboxState]) -> SandboxState:
+    """The sandbox's memory and settings (the latency of its answers)."""
+    return sandbox_session[1]
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +51,7 @@ async def worker(deployed: ManagedProcess, sandbox_url: str) -> AsyncIterator[No
     from campaign_trigger.deployments.worker import run_worker
 
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        run_worker(concurrency=4, stop=stop, poll_seconds=0.3, stale_after_seconds=6)
-    )
+    task = asyncio.create_task(run_worker(concurrency=4, stop=stop, poll_seconds=0.3))
     yield
     stop.set()
     await asyncio.wait_for(task, timeout=60)

@@ -12,11 +12,12 @@ import pytest
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import RequestStateError
 from campaign_trigger.services.lifecycle import cancel_request
-from campaign_trigger.services.scheduling import drain_outbox
-from e2e.delivery_support import (
+from campaign_trigger.store.db import session_scope
+from delivery_support import (
     DeviceSpec,
     add_devices,
     add_request,
+    drain,
     sandbox_stats,
     seed_tenant,
     state_name,
@@ -39,7 +40,7 @@ async def test_cancel_racing_the_start_never_both_cancels_and_delivers(
     start = datetime.now(UTC) + timedelta(seconds=8)
     sends = [start + timedelta(seconds=0.4 * n) for n in range(TRIALS)]
     requests = [add_request(tenant, [u], send_at=t) for u, t in zip(users, sends, strict=True)]
-    await drain_outbox()
+    await drain()
 
     stop = asyncio.Event()
     worker = asyncio.create_task(
@@ -52,7 +53,8 @@ async def test_cancel_racing_the_start_never_both_cancels_and_delivers(
         moment = send_at + timedelta(seconds=random.uniform(-0.45, 0.25))
         await asyncio.sleep(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
         try:
-            await cancel_request(org_id=tenant.org_id, request_id=request_id)
+            with session_scope() as session:
+                await cancel_request(session=session, org_id=tenant.org_id, request_id=request_id)
         except RequestStateError as exc:
             refusal = exc.message
         else:

@@ -9,11 +9,10 @@ import httpx
 import pytest
 from sqlmodel import select
 
-from campaign_trigger.config import get_settings
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import DeliveredChunk, RequestState
-from e2e.delivery_support import (
+from delivery_support import (
     add_csv_request,
     add_devices,
     add_request,
@@ -90,10 +89,8 @@ async def test_a_send_now_request_is_delivered_with_every_outcome(worker: None) 
 
 
 async def test_a_csv_request_is_rendered_per_row_and_chunked(
-    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+    worker: None, sandbox_url: str
 ) -> None:
-    monkeypatch.setenv("CT_CHUNK_SIZE", "3")
-    get_settings.cache_clear()
     tenant = seed_tenant()
     audience = bulk_audience(tenant, users=7, prefix=f"csv-{uuid.uuid4().hex[:6]}")
     add_devices(audience.devices)
@@ -101,11 +98,10 @@ async def test_a_csv_request_is_rendered_per_row_and_chunked(
         {"User": u, "first_name": f"Ann{n}", "order_id": f"O-{n}"}
         for n, u in enumerate(audience.users)
     ]
-    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC))
+    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=3)
     notify_new_request(request_id)
 
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
-    get_settings.cache_clear()
 
     assert state_name(run) == "COMPLETED", run.state
     with session_scope() as session:

@@ -13,13 +13,15 @@ from prefect.states import Cancelling
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
-from campaign_trigger.services.lifecycle import cancel_request, report_links, scheduled_requests
-from campaign_trigger.services.scheduling import drain_outbox, notify_new_request
-from campaign_trigger.store.models import RequestState
-from e2e.delivery_support import (
+from campaign_trigger.services import lifecycle
+from campaign_trigger.services.scheduling import notify_new_request
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import Request, RequestState
+from delivery_support import (
     add_devices,
     add_request,
     bulk_audience,
+    drain,
     load_request,
     read_run,
     seed_tenant,
@@ -31,6 +33,27 @@ from support import ManagedProcess
 pytestmark = [pytest.mark.slow]
 
 
+async def cancel_request(*, org_id: int, request_id: str) -> Request:
+    with session_scope() as session:
+        return await lifecycle.cancel_request(session=session, org_id=org_id, request_id=request_id)
+
+
+async def scheduled_requests(
+    *, org_id: int, campaign_id: str, limit: int, offset: int
+) -> tuple[list[Request], int]:
+    with session_scope() as session:
+        return await lifecycle.scheduled_requests(
+            session=session, org_id=org_id, campaign_id=campaign_id, limit=limit, offset=offset
+        )
+
+
+async def report_links(*, org_id: int, request_id: str) -> list[str]:
+    with session_scope() as session:
+        return await lifecycle.report_links(
+            session=session, settings=get_settings(), org_id=org_id, request_id=request_id
+        )
+
+
 def later(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
@@ -39,7 +62,7 @@ async def test_drain_creates_one_scheduled_run_per_request(deployed: ManagedProc
     tenant = seed_tenant()
     send_at = later(600)
     request_id = add_request(tenant, ["u1", "u2"], send_at=send_at)
-    await drain_outbox()
+    await drain()
     first = await read_run(request_id)
     assert first is not None
     assert first.state is not None
@@ -49,14 +72,14 @@ async def test_drain_creates_one_scheduled_run_per_request(deployed: ManagedProc
     assert first.name == request_id
     assert first.state.state_details.scheduled_time is not None
     assert abs((first.state.state_details.scheduled_time - send_at).total_seconds()) < 0.01
-    await drain_outbox()  # nothing left in the outbox: no second run
+    await drain()  # nothing left in the outbox: no second run
     assert (await read_run(request_id)).id == first.id  # type: ignore[union-attr]
 
 
 async def test_cancel_of_a_scheduled_run_cancels_it_in_prefect(deployed: ManagedProcess) -> None:
     tenant = seed_tenant()
     request_id = add_request(tenant, ["u1"], send_at=later(600))
-    await drain_outbox()
+    await drain()
     listed, total = await scheduled_requests(
         org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
     )
@@ -89,7 +112,7 @@ async def test_cancel_of_a_request_still_in_the_outbox_keeps_it_out_of_prefect(
     assert total == 1  # in the outbox counts as scheduled
 
     await cancel_request(org_id=tenant.org_id, request_id=request_id)
-    await drain_outbox()
+    await drain()
 
     assert load_request(request_id).flow_run_id is None
     assert load_request(request_id).state == RequestState.canceled
@@ -100,7 +123,7 @@ async def test_a_cancel_made_in_the_prefect_ui_is_the_same_cancel(
 ) -> None:
     tenant = seed_tenant()
     request_id = add_request(tenant, ["u1"], send_at=later(600))
-    await drain_outbox()
+    await drain()
     flow_run_id = load_request(request_id).flow_run_id
     assert flow_run_id is not None
     async with get_client() as client:  # what the UI's Cancel button does
@@ -159,10 +182,10 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
     audience = bulk_audience(tenant, users=60, prefix=uuid.uuid4().hex[:6])
     add_devices(audience.devices)
     request_id = add_request(tenant, audience.users, send_at=later(0))
-    await drain_outbox()
+    await drain()
     stop = asyncio.Event()
     worker = asyncio.create_task(
-        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=0.5)
+        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=1)
     )
     try:
         run = await wait_for_state(request_id, "RUNNING", timeout=30)

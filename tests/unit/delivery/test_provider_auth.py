@@ -116,6 +116,16 @@ def test_apns_jwt_renewal_only_replaces_the_stale_token() -> None:
     assert tokens.minted == 2
 
 
+def test_apns_jwt_renewed_within_the_same_second_is_not_dated_in_the_future() -> None:
+    clock = Clock()
+    tokens = ApnsProviderTokens(apns_credentials(Settings()), clock=clock)
+    stale = tokens.get()
+    for _ in range(3):
+        fresh = tokens.renew(tokens.get())
+        assert jwt.decode(fresh, options={"verify_signature": False})["iat"] <= clock.now
+    assert fresh != stale
+
+
 @pytest.mark.parametrize("seconds", [60, 19 * 60, 61 * 60])
 def test_apns_jwt_reuse_outside_20_to_60_minutes_is_refused(seconds: int) -> None:
     with pytest.raises(ValueError, match="20 to 60"):

@@ -44,3 +44,99 @@ def test_models_match_the_latest_migration(tmp_path: Path) -> None:
     with engine_for(url).connect() as connection:
         diff = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
     assert diff == [], f"models changed without a migration: {diff}"
+
+
+def test_existing_apps_get_an_identity_key_of_their_own(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade(url, "0001")
+    when = "2026-01-01 00:00:00.000000"
+    with engine_for(url).begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+                "VALUES (1, 'o', 1, 'monthly', :when)"
+            ),
+            {"when": when},
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO app (app_id, org_id, platform, sdk_key, created_at) "
+                "VALUES (:app, 1, 'ios', :key, :when)"
+            ),
+            [{"app": f"a{n}", "key": f"k{n}", "when": when} for n in range(2)],
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO device (app_id, device_id, opted_in, logged_in, updated_at) "
+                "VALUES ('a0', 'd', 1, 1, :when)"
+            ),
+            {"when": when},
+        )
+    upgrade(url)
+    with engine_for(url).connect() as connection:
+        apps = connection.execute(
+            sa.text("SELECT identity_key, identity_verification FROM app")
+        ).all()
+        secret = connection.execute(sa.text("SELECT secret_hash FROM device")).scalar()
+    keys = [key for key, _ in apps]
+    assert all(key.startswith("idk_") for key in keys)
+    assert len(set(keys)) == 2
+    assert [bool(on) for _, on in apps] == [False, False]
+    assert secret is None  # claimed later by its push token
+    downgrade(url, "0001")  # with devices referencing the apps: no table is copied
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM app")).scalar() == 2
+
+
+def _seed_requests_at_0001(url: str) -> None:
+    """A request with messages, outcomes and a recorded chunk, as 0001 stored them."""
+    when = "2026-01-01 00:00:00.000000"
+    statements = [
+        "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+        "VALUES (1, 'o', 1, 'monthly', :when)",
+        "INSERT INTO campaign (id, org_id, channel, state, title, body, variables, created_at) "
+        "VALUES ('c', 1, 'push', 'started', 't', 'b', '[]', :when)",
+        "INSERT INTO request (id, org_id, campaign_id, requested_at, send_at, source, "
+        "message_count, state, report_paths) "
+        "VALUES ('r', 1, 'c', :when, :when, 'json', 2, 'processed', '[]')",
+        "INSERT INTO requestmessage (request_id, seq, user_id, template_variables) "
+        "VALUES ('r', 0, 'u1', '{}'), ('r', 1, 'u2', '{}')",
+        "INSERT INTO deliveredchunk (request_id, chunk_no, recorded_at) VALUES ('r', 0, :when)",
+        "INSERT INTO outcome (request_id, chunk_no, app_id, user_id, device_id, channel, "
+        "error_message) VALUES ('r', 0, 'a', 'u1', 'd1', 'push', ''), "
+        "('r', 0, 'a', 'u2', 'd1', 'push', '')",
+    ]
+    with engine_for(url).begin() as connection:
+        for statement in statements:
+            connection.execute(sa.text(statement), {"when": when})
+
+
+def _upgrade_with_requests(url: str) -> None:
+    upgrade(url, "0001")
+    _seed_requests_at_0001(url)
+    upgrade(url)
+    with engine_for(url).connect() as connection:
+        request = connection.execute(
+            sa.text("SELECT chunk_size, run_owner FROM request WHERE id = 'r'")
+        ).one()
+        rows = connection.execute(sa.text("SELECT row_no FROM outcome ORDER BY id")).all()
+        kept = connection.execute(sa.text("SELECT count(*) FROM requestmessage")).scalar()
+    assert tuple(request) == (5000, None)
+    assert len({row for (row,) in rows}) == 2  # distinct: the unique key holds
+    assert kept == 2
+    downgrade(url, "0001")
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM outcome")).scalar() == 2
+
+
+def test_requests_messages_and_outcomes_survive_the_exactly_once_migration(
+    tmp_path: Path,
+) -> None:
+    _upgrade_with_requests(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_requests_messages_and_outcomes_survive_the_exactly_once_migration_on_postgres(
+    postgres_url: str,
+) -> None:
+    _upgrade_with_requests(postgres_url)

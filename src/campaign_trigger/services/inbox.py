@@ -1,15 +1,13 @@
 """In-app delivery: publish rendered messages to the inbox store; apps fetch them.
 
-:func:`publish_inapp` is what an in-app campaign's delivery calls::
-
-    with session_scope() as session:
-        sent_at = publish_inapp(session=session, rows=[InboxEntry(...), ...])
-
-It bulk-inserts every row in one ``executemany`` (thousands per call are fine), with
-one ``published_at`` for the batch, and returns that time: the ``sent_at`` of every
-row in the report. The caller's transaction commits it, so a chunk's inbox rows and
-its outcome rows can be committed together. :func:`fetch_inbox` is the SDK's read,
-newest first, paginated by an opaque cursor.
+:func:`publish_inapp` is what an in-app campaign's delivery calls, in the transaction of
+the chunk's outcome rows. It bulk-inserts every row in one ``executemany`` (thousands
+per call are fine), with one ``published_at`` for the batch, and returns that time: the
+``sent_at`` of every row in the report. The caller's transaction commits it, so a
+chunk's inbox rows and its outcome rows can be committed together. :func:`fetch_inbox`
+is the SDK's read, newest first, paginated by an opaque cursor: only the messages meant
+for the user logged in on the device now (none while nobody is), so the next person to
+use a shared device never reads the previous user's messages.
 """
 
 from __future__ import annotations
@@ -67,21 +65,45 @@ def _cursor(message: InboxMessage) -> str:
     return f"{message.published_at.astimezone(UTC).isoformat()}_{message.id}"
 
 
+MAX_ROW_ID = 2**63 - 1  # the largest id a database integer column holds
+
+
 def _parse_cursor(cursor: str) -> tuple[datetime, int]:
+    """The (time, id) a cursor names; ValueError for anything no page could have given,
+    such as an id past a 64-bit integer or a time that has no UTC equivalent."""
+    stamp, _, ident = cursor.rpartition("_")
     try:
-        stamp, _, ident = cursor.rpartition("_")
-        return datetime.fromisoformat(stamp).astimezone(UTC), int(ident)
-    except ValueError:
+        moment = datetime.fromisoformat(stamp)
+        if moment.tzinfo is None:
+            raise ValueError("naive cursor time")
+        before, before_id = moment.astimezone(UTC), int(ident)
+    except (ValueError, OverflowError):
         raise ValueError("bad cursor") from None
+    if not 0 < before_id <= MAX_ROW_ID:
+        raise ValueError("bad cursor")
+    return before, before_id
 
 
 def fetch_inbox(
-    *, session: Session, app_id: str, device_id: str, limit: int = 50, cursor: str | None = None
+    *,
+    session: Session,
+    app_id: str,
+    device_id: str,
+    user_id: str | None,
+    limit: int = 50,
+    cursor: str | None = None,
 ) -> tuple[list[InboxMessage], str | None]:
-    """A page of the device's messages, newest first, and the cursor of the next page."""
+    """A page of the device's messages for ``user_id`` (the user logged in on it; None:
+    nobody, no messages), newest first, and the cursor of the next page."""
     limit = max(1, min(limit, MAX_PAGE))
+    if user_id is None:
+        if cursor:
+            _parse_cursor(cursor)  # a malformed cursor is refused alike
+        return [], None
     query = select(InboxMessage).where(
-        InboxMessage.app_id == app_id, InboxMessage.device_id == device_id
+        InboxMessage.app_id == app_id,
+        InboxMessage.device_id == device_id,
+        InboxMessage.user_id == user_id,
     )
     if cursor:
         before, before_id = _parse_cursor(cursor)

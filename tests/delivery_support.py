@@ -1,7 +1,7 @@
-"""Seeding and waiting helpers for the delivery tests (integration/flows and e2e).
+"""Seeding and waiting helpers of the delivery tests (integration and e2e tiers).
 
-Tenants, apps, devices and requests are written straight into the store tables,
-as ``create_request`` would leave them (the request in the outbox).
+Tenants, apps and devices are written straight into the store tables; requests go
+through ``create_request``, the service the API calls (left in the outbox).
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from prefect import get_client
 from prefect.client.schemas.objects import FlowRun
 from sqlalchemy import insert
 
+from campaign_trigger.services.requests import create_request
+from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.services.uploads import StoredUpload
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import (
     App,
@@ -27,11 +30,9 @@ from campaign_trigger.store.models import (
     CampaignState,
     Channel,
     Device,
-    MessageSource,
     Organisation,
     Platform,
     Request,
-    RequestMessage,
 )
 
 TITLE = "Hello {{ first_name }}"
@@ -159,31 +160,49 @@ def bulk_audience(tenant: Tenant, *, users: int, prefix: str) -> Audience:
     return aud
 
 
-def add_request(tenant: Tenant, users: Sequence[str], *, send_at: datetime) -> str:
-    """A JSON request as create_request leaves it: persisted, in the outbox."""
+def _create(tenant: Tenant, trigger: TriggerInput, *, chunk_size: int | None) -> str:
+    """A request through the service the API calls: checked, stored, in the outbox."""
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.store.files import get_storage
+
+    settings = get_settings()
+    if chunk_size is not None:
+        settings = settings.model_copy(update={"chunk_size": chunk_size})
     with session_scope() as session:
-        request = Request(
+        return create_request(
+            session=session,
+            settings=settings,
+            storage=get_storage(settings),
             org_id=tenant.org_id,
-            campaign_id=tenant.campaign_id,
-            send_at=send_at,
-            source=MessageSource.json,
-            message_count=len(users),
+            request_id=uuid.uuid4().hex,
+            trigger=trigger,
         )
-        session.add(request)
-        session.flush()
-        session.execute(
-            insert(RequestMessage),
-            [
-                {
-                    "request_id": request.id,
-                    "seq": n,
-                    "user_id": user,
-                    "template_variables": {"first_name": f"N{n}", "order_id": f"=O{n}"},
-                }
-                for n, user in enumerate(users)
-            ],
-        )
-        return request.id
+
+
+def add_request(
+    tenant: Tenant,
+    users: Sequence[str],
+    *,
+    send_at: datetime,
+    chunk_size: int | None = None,
+) -> str:
+    """A JSON request as create_request leaves it: persisted, in the outbox."""
+    messages = [
+        {"user_id": user, "template_variables": {"first_name": f"N{n}", "order_id": f"=O{n}"}}
+        for n, user in enumerate(users)
+    ]
+    trigger = TriggerInput(
+        campaign_id=tenant.campaign_id, send_at=send_at.isoformat(), messages=messages
+    )
+    return _create(tenant, trigger, chunk_size=chunk_size)
+
+
+async def drain() -> int:
+    """Create the flow runs of the outbox now (what the API's drainer does when notified)."""
+    from campaign_trigger.services.scheduling import drain_outbox
+
+    with session_scope() as session:
+        return await drain_outbox(session=session)
 
 
 def load_request(request_id: str) -> Request:
@@ -243,31 +262,34 @@ def read_report(request_id: str) -> dict[str, list[dict[str, str]]]:
     return reports
 
 
-def add_csv_request(tenant: Tenant, rows: Sequence[dict[str, str]], *, send_at: datetime) -> str:
-    """A CSV request as create_request leaves it: the file in storage, the row in the outbox."""
+def add_csv_request(
+    tenant: Tenant,
+    rows: Sequence[dict[str, str]],
+    *,
+    send_at: datetime,
+    chunk_size: int | None = None,
+) -> str:
+    """A CSV request as create_request leaves it: the file ingested, the row in the outbox."""
     import csv
     import io
 
     from campaign_trigger.config import get_settings
-    from campaign_trigger.store.files import get_storage, upload_key
+    from campaign_trigger.services.uploads import copy_to_storage
+    from campaign_trigger.store.files import get_storage
 
-    request_id = uuid.uuid4().hex
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-    with get_storage(get_settings()).open(upload_key(request_id), "wb") as handle:
-        handle.write(text.getvalue().encode())
-    with session_scope() as session:
-        session.add(
-            Request(
-                id=request_id,
-                org_id=tenant.org_id,
-                campaign_id=tenant.campaign_id,
-                send_at=send_at,
-                source=MessageSource.csv,
-                message_count=len(rows),
-                messages_path=upload_key(request_id),
-            )
-        )
-    return request_id
+    key = f"uploads/{uuid.uuid4().hex}.csv"
+    written = copy_to_storage(
+        io.BytesIO(text.getvalue().encode()),
+        storage=get_storage(get_settings()),
+        key=key,
+        max_bytes=10**10,
+    )
+    upload = StoredUpload.of(written, filename="batch.csv", content_type="text/csv")
+    trigger = TriggerInput(
+        campaign_id=tenant.campaign_id, send_at=send_at.isoformat(), upload=upload
+    )
+    return _create(tenant, trigger, chunk_size=chunk_size)

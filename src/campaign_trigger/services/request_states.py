@@ -1,0 +1,57 @@
+"""A request's state: the mirror of its flow run's state, in one place.
+
+The flow run's state is the request's state (DESIGN §3); ``Request.state`` mirrors it
+for queries. :func:`mirror_of` is THE mapping from a Prefect state type to a request
+state, used by the API's reads, the reconciler and the workers; :func:`set_state`
+writes the mirror, optionally only from the state the caller saw (so a correction never
+overwrites a newer write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from prefect.client.schemas.objects import StateType
+from sqlalchemy import update
+from sqlmodel import Session, col
+
+from campaign_trigger.store.models import Request, RequestState
+
+_MIRROR = {
+    StateType.SCHEDULED: RequestState.scheduled,
+    StateType.PENDING: RequestState.running,
+    StateType.RUNNING: RequestState.running,
+    StateType.PAUSED: RequestState.running,
+    StateType.CANCELLED: RequestState.canceled,
+    StateType.CANCELLING: RequestState.canceled,
+    StateType.FAILED: RequestState.failed,
+    StateType.CRASHED: RequestState.failed,
+}
+
+
+def mirror_of(state: StateType | None, *, has_reports: bool) -> RequestState | None:
+    """The request state a run state calls for; None when it calls for none.
+
+    A Completed run is a processed request once its reports are written (the flow
+    writes them, with the state, just before completing); until then the flow's own
+    write decides.
+    """
+    if state == StateType.COMPLETED:
+        return RequestState.processed if has_reports else None
+    return _MIRROR.get(state) if state is not None else None
+
+
+def set_state(
+    *,
+    session: Session,
+    request_id: str,
+    state: RequestState,
+    only_from: Collection[RequestState] | None = None,
+) -> bool:
+    """Mirror ``state`` on the request (only from ``only_from`` when given); True if
+    written (the caller commits)."""
+    statement = update(Request).where(col(Request.id) == request_id)
+    if only_from is not None:
+        statement = statement.where(col(Request.state).in_(list(only_from)))
+    result = session.execute(statement.values(state=state))
+    return bool(getattr(result, "rowcount", 0))

@@ -1,0 +1,49 @@
+"""Seeding helpers of the service unit tests (importable by name: ``from service_support
+import ...``)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlmodel import Session
+
+from campaign_trigger.store.models import (
+    App,
+    Campaign,
+    CampaignApp,
+    CampaignState,
+    Channel,
+    Organisation,
+    Platform,
+)
+
+
+@dataclass(frozen=True)
+class Org:
+    org_id: int
+    campaign_id: str
+    app_id: str
+
+
+def make_org(session: Session, *, state: CampaignState = CampaignState.started) -> Org:
+    """An organisation with an Android app and a campaign of variables ``first_name, code``."""
+    tag = uuid.uuid4().hex[:8]
+    org = Organisation(name=f"org-{tag}")
+    session.add(org)
+    session.flush()
+    assert org.id is not None
+    app = App(app_id=f"app-{tag}", org_id=org.id, platform=Platform.android, sdk_key=tag)
+    campaign = Campaign(
+        org_id=org.id,
+        channel=Channel.push,
+        state=state,
+        title="Hi {{ first_name }}",
+        body="Code {{ code }}",
+        variables=["first_name", "code"],
+    )
+    session.add_all([app, campaign])
+    session.flush()
+    session.add(CampaignApp(campaign_id=campaign.id, app_id=app.app_id))
+    session.commit()
+    return Org(org_id=org.id, campaign_id=campaign.id, app_id=app.app_id)

@@ -1,0 +1,49 @@
+"""A real SQLite database per test, handed to services as sessions (no Prefect, no server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, SQLModel
+
+from campaign_trigger.config import Settings, get_settings
+from campaign_trigger.store.db import engine_for
+from campaign_trigger.store.files import Storage, get_storage
+from service_support import Org, make_org
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> str:
+    """A fresh SQLite database with every table; its URL."""
+    url = f"sqlite:///{tmp_path / 'unit.sqlite'}"
+    SQLModel.metadata.create_all(engine_for(url))
+    return url
+
+
+@pytest.fixture
+def session(database: str) -> Iterator[Session]:
+    with Session(engine_for(database), expire_on_commit=False) as session:
+        yield session
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database: str) -> Settings:
+    return get_settings().model_copy(
+        update={
+            "database_url": database,
+            "storage_url": str(tmp_path / "storage"),
+            "chunk_size": 3,
+        }
+    )
+
+
+@pytest.fixture
+def storage(settings: Settings) -> Storage:
+    return get_storage(settings)
+
+
+@pytest.fixture
+def org(session: Session) -> Org:
+    return make_org(session)
