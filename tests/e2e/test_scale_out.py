@@ -38,7 +38,7 @@ from delivery_support import (
 from e2e.conftest import Sandbox, WorkerFactory
 from support import ManagedProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 USERS = 200_000
 CONCURRENCY = 100  # sends in flight per app and worker process
@@ -144,7 +144,8 @@ async def test_two_workers_share_a_large_request_and_one_finishes_what_a_killed_
     victim.kill()
     await asyncio.sleep(1.0)  # requests already on the wire land
 
-    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=600)
+    # Crashed is a passing state here: the survivor takes the crashed run over.
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=600)
     assert state_name(run) == "COMPLETED", run.state
     assert len(read_report(request_id)[tenant.android]) == USERS
     counts = _counts(sandbox, tokens, before)
@@ -152,8 +153,8 @@ async def test_two_workers_share_a_large_request_and_one_finishes_what_a_killed_
     doubled = {t: n for t, n in counts.items() if n > 1}
     assert set(doubled.values()) <= {2}
     assert len(doubled) <= CONCURRENCY  # only the sends in flight in the killed process
-    for token in doubled:
-        assert len(sandbox.state.per_token_collapse[token]) == 1  # replaces the first
+    for token in doubled:  # the calm run's copy, then this run's two with one identity
+        assert sorted(sandbox.state.per_token_collapse[token].values()) == [1, 2]
     print(f"killed {owner} mid-request: {len(doubled)} devices got it twice")
 
 
