@@ -286,10 +286,18 @@ def create_csv_request(audience: Audience, content: bytes) -> str:
 class Worker:
     """A ``campaign-trigger worker`` child process, its RSS sampled every 20 ms."""
 
-    def __init__(self, home: Path, **env: str) -> None:
+    def __init__(self, home: Path, *options: str, **env: str) -> None:
         self.log_path = home / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "campaign_trigger.cli", "worker", "--concurrency", "4"],
+            [
+                sys.executable,
+                "-m",
+                "campaign_trigger.cli",
+                "worker",
+                "--concurrency",
+                "4",
+                *options,
+            ],
             stdout=self.log_path.open("wb"),
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},

@@ -13,6 +13,14 @@ same three task runs (prepare, chunk, report), bulk-created and executed the way
 worker executes ours (a race-free Pending claim, then ``run_flow_async``, 8 at a time,
 one process): their rate, and the ratio of ours to it (target >= 1.5).
 
+The worker logs at INFO (as ``campaign-trigger up`` does): its run logs reach the
+Prefect server, as a user watching the UI sees them.
+
+``--profile DIR`` samples the Prefect server, the worker and the API with py-spy
+(``pip install py-spy``) during the rate ``--profile-rate`` and writes their collapsed
+stacks (``DIR/<process>.txt``, one line per stack with its sample count) and the CPU
+each process used per request.
+
 Usage: ``.venv/bin/python bench/request_rate.py [--rates 3 4 5 6] [--seconds 30]``.
 """
 
@@ -31,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from harness import free_port, private_stack, seed_audience, wait_http
 
@@ -52,6 +61,53 @@ def _start(home: Path, name: str, argv: list[str], **env: str) -> subprocess.Pop
         env={**os.environ, **env},
         start_new_session=True,
     )
+
+
+def _prefect_server() -> psutil.Process:
+    """The private stack's Prefect server (a child of this process)."""
+    for child in psutil.Process().children(recursive=True):
+        command = child.cmdline()
+        if "server" in command and "start" in command:
+            return child
+    raise RuntimeError("no Prefect server among this process's children")
+
+
+class Profile:
+    """py-spy on each process for ``seconds``, and the CPU each used meanwhile."""
+
+    def __init__(self, folder: Path, processes: dict[str, psutil.Process], seconds: float):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.processes = processes
+        self.cpu = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+        self.spies = [
+            subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(process.pid),
+                    "--duration",
+                    str(int(seconds)),
+                    "--rate",
+                    "50",
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(folder / f"{name}.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for name, process in processes.items()
+        ]
+
+    def cpu_per_request(self, requests: int) -> dict[str, float]:
+        """CPU seconds per request of each process since the start."""
+        used = {name: sum(p.cpu_times()[:2]) for name, p in self.processes.items()}
+        for spy in self.spies:
+            spy.wait(timeout=120)
+        return {name: (used[name] - self.cpu[name]) / requests for name in used}
 
 
 def _token(org_id: int) -> str:
@@ -163,6 +219,8 @@ def main() -> None:
     parser.add_argument(
         "--postgres", action="store_true", help="Prefect and the service on PostgreSQL"
     )
+    parser.add_argument("--profile", type=Path, help="py-spy the processes into this folder")
+    parser.add_argument("--profile-rate", type=float, default=5.0)
     args = parser.parse_args()
     cli = [sys.executable, "-m", "campaign_trigger.cli"]
     with private_stack(postgres=args.postgres) as home:
@@ -182,7 +240,9 @@ def main() -> None:
         processes = [
             _start(home, "sandbox", [*cli, "sandbox"]),
             _start(home, "api", [*cli, "api"]),
-            _start(home, "worker", [*cli, "worker", "--concurrency", "8"]),
+            _start(
+                home, "worker", [*cli, "worker", "--concurrency", "8"], PREFECT_LOGGING_LEVEL="INFO"
+            ),
         ]
         try:
             api, sandbox = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{sandbox_port}"
@@ -193,6 +253,18 @@ def main() -> None:
             sustained = 0.0
             for rate in args.rates:
                 batch = [next(users) for _ in range(int(rate * args.seconds))]
+                profile = None
+                if args.profile and rate == args.profile_rate:
+                    named = {
+                        "server": _prefect_server(),
+                        "api": processes[1],
+                        "worker": processes[2],
+                    }
+                    profile = Profile(
+                        args.profile,
+                        {name: psutil.Process(p.pid) for name, p in named.items()},
+                        args.seconds,
+                    )
                 sent = asyncio.run(_send_at_rate(api, token, audience.campaign_id, batch, rate))
                 latencies = _latencies(sandbox, sent, wait_seconds=60)
                 p95 = _percentile(latencies, 0.95) if latencies else float("inf")
@@ -205,6 +277,16 @@ def main() -> None:
                     f"max {max(latencies):.2f} s  {'sustained' if ok else 'NOT sustained'}",
                     flush=True,
                 )
+                if profile is not None:
+                    cpu = profile.cpu_per_request(len(batch))
+                    print(
+                        "  CPU per request: "
+                        + ", ".join(
+                            f"{name} {seconds * 1000:.0f} ms" for name, seconds in cpu.items()
+                        )
+                        + f" (py-spy stacks in {args.profile})",
+                        flush=True,
+                    )
             reference = asyncio.run(_reference(args.reference_runs))
             ratio = sustained / reference
             print(

@@ -30,16 +30,18 @@ async def _deliver_here(plan: DeliveryPlan, todo: list[int], *, progress: bool) 
     """One task run per chunk, one after the other (a chunk's database writes already
     overlap its sends), with a progress artifact if asked."""
     done = plan.chunk_count - len(todo)
-    artifact = None
+    shown = None
     if progress:
-        artifact = await artifacts.start_progress(chunk_count=plan.chunk_count, done=done)
+        shown = await artifacts.Progress.start(chunk_count=plan.chunk_count, done=done)
     for chunk_no in todo:
         await deliver_chunk.with_options(
             task_run_name=f"deliver chunk {chunk_no + 1}/{plan.chunk_count}"
         )(plan, chunk_no)
         done += 1
-        if artifact is not None:
-            await artifacts.update_progress(artifact, chunk_count=plan.chunk_count, done=done)
+        if shown is not None:
+            shown.show(done)  # the next chunk does not wait for the Prefect API
+    if shown is not None:
+        await shown.close()
 
 
 @flow(

@@ -73,10 +73,11 @@ async def fan_out(plan: DeliveryPlan, *, per_run: int) -> set[int]:
     """Deliver the request's chunks through shares on any worker; returns the chunks
     still missing once every share has ended."""
     run_ids = await _start_shares(plan, per_run)
-    progress = await artifacts.start_progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
+    progress = await artifacts.Progress.start(chunk_count=plan.chunk_count, done=len(plan.recorded))
     while True:
         done = await recorded_chunks(plan.request_id)
-        await artifacts.update_progress(progress, chunk_count=plan.chunk_count, done=len(done))
+        progress.show(len(done))
         if len(done) >= plan.chunk_count or await _all_ended(run_ids):
+            await progress.close()
             return set(range(plan.chunk_count)) - done
         await asyncio.sleep(WAIT_SECONDS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -14,20 +16,55 @@ from campaign_trigger.config import get_settings
 from campaign_trigger.services.reports import ReportSummary
 from campaign_trigger.services.signing import signed_url
 
-
-async def start_progress(*, chunk_count: int, done: int) -> UUID:
-    return await acreate_progress_artifact(
-        progress=_percent(done, chunk_count),
-        description=f"Chunks delivered ({done}/{chunk_count})",
-    )
+logger = logging.getLogger("campaign_trigger.tasks.artifacts")
 
 
-async def update_progress(artifact_id: UUID, *, chunk_count: int, done: int) -> None:
-    await aupdate_progress_artifact(
-        artifact_id,
-        progress=_percent(done, chunk_count),
-        description=f"Chunks delivered ({done}/{chunk_count})",
-    )
+class Progress:
+    """A run's progress artifact, updated off the delivery's path: :meth:`show` never
+    waits for the Prefect API (an update in flight is followed by one with the latest
+    count when it lands); :meth:`close` waits for the last count to be shown."""
+
+    def __init__(self, artifact_id: UUID, chunk_count: int, done: int) -> None:
+        self.artifact_id, self.chunk_count = artifact_id, chunk_count
+        self.done = self.shown = done
+        self._sending: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, *, chunk_count: int, done: int) -> Progress:
+        artifact_id = await acreate_progress_artifact(
+            progress=_percent(done, chunk_count),
+            description=_description(done, chunk_count),
+        )
+        return cls(artifact_id, chunk_count, done)
+
+    def show(self, done: int) -> None:
+        self.done = done
+        if self._sending is None or self._sending.done():
+            self._sending = asyncio.create_task(self._send())
+
+    async def _send(self) -> None:
+        while self.shown != self.done:
+            done = self.done
+            try:
+                await aupdate_progress_artifact(
+                    self.artifact_id,
+                    progress=_percent(done, self.chunk_count),
+                    description=_description(done, self.chunk_count),
+                )
+            except Exception as exc:  # a progress bar never fails a delivery
+                logger.warning("progress not shown: %r", exc)
+                return
+            self.shown = done
+
+    async def close(self) -> None:
+        if self._sending is not None:
+            await self._sending
+        if self.shown != self.done:
+            await self._send()
+
+
+def _description(done: int, chunk_count: int) -> str:
+    return f"Chunks delivered ({done}/{chunk_count})"
 
 
 def _percent(done: int, total: int) -> float:

@@ -7,6 +7,12 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterType,
+)
 from sqlmodel import select
 
 from campaign_trigger.services.scheduling import notify_new_request
@@ -118,3 +124,13 @@ async def test_a_csv_request_is_rendered_per_row_and_chunked(
         assert f"Order O-{n} is on its way" in str(delivered)
     report = read_report(request_id)
     assert [r["user_id"] for r in report[tenant.android]] == audience.users
+
+    # The UI's progress bar of a multi-chunk run ends full, whatever order updates landed.
+    async with get_client() as client:
+        artifacts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                type=ArtifactFilterType(any_=["progress"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]),
+            )
+        )
+    assert [(a.data, a.description) for a in artifacts] == [(100.0, "Chunks delivered (3/3)")]

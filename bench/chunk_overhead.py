@@ -1,0 +1,175 @@
+"""Per-chunk orchestration overhead: a chunk delivered as a Prefect task run of the
+request's flow run, against the same chunk delivered by the same services with no
+Prefect at all.
+
+Each round creates two identical send-now CSV requests of ``--chunks`` chunks of 5,000
+users (one Android device each, FCM answered by a bare nginx responder):
+
+* reference: this process claims one request (``delivery_run.start_delivery``) and runs
+  each chunk's body as the ``deliver chunk`` task does (read the chunk from the message
+  file, ``delivering.process_chunk`` in a session), one after the other, timed;
+* flow path: a ``campaign-trigger worker`` process claims the other request's flow run
+  and executes it. The chunk phase is read from Prefect's task runs: from the end of
+  ``prepare delivery`` to the end of the last ``deliver chunk``, so it holds every
+  task run's creation and state changes, its logs, the progress artifact's updates, and
+  (with more chunks than ``CT_CHUNKS_PER_RUN``) the shares' subflow runs. With
+  ``--chunk-concurrency 1`` shares run one at a time, as the reference does.
+
+Overhead per chunk = (flow chunk phase - reference chunk phase) / chunks, printed as a
+share of the reference's chunk time (target: at most 5 %). Rounds alternate the two.
+
+Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3]``;
+``--chunks 40`` measures the fan-out path (4 shares of 10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from harness import (
+    Audience,
+    Worker,
+    create_csv_request,
+    csv_bytes,
+    nginx_responder,
+    private_stack,
+    seed_audience,
+    wait_processed,
+)
+
+if TYPE_CHECKING:
+    from campaign_trigger.services.delivery_run import DeliveryPlan
+
+TARGET = 0.05
+
+
+def claim(request_id: str) -> DeliveryPlan:
+    """Claim a reference request as a run would: no worker will make it a flow run."""
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.services import delivery_run
+    from campaign_trigger.store.db import session_scope
+
+    with session_scope() as session:
+        plan = delivery_run.start_delivery(
+            session=session, settings=get_settings(), request_id=request_id
+        )
+    assert not plan.canceled, "the reference request was claimed by someone else"
+    return plan
+
+
+async def reference_phase(plan: DeliveryPlan) -> float:
+    """Seconds to deliver every chunk of the request with the services alone."""
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.services import delivering, message_file
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.files import get_storage, messages_key
+
+    settings = get_settings()
+    storage = get_storage(settings)
+    request_id = plan.request_id
+    started = time.monotonic()
+    for chunk_no in range(plan.chunk_count):
+        chunk = await asyncio.to_thread(
+            message_file.read_chunk,
+            storage=storage,
+            key=messages_key(request_id),
+            chunk_no=chunk_no,
+        )
+        with session_scope() as session:
+            result = await delivering.process_chunk(
+                session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
+            )
+        assert not result.skipped
+    return time.monotonic() - started
+
+
+async def flow_phase(request_id: str) -> float:
+    """Seconds from the end of ``prepare delivery`` to the end of the last chunk, read
+    from the task runs of the request's run and of its shares."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+    )
+
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import Request
+
+    with session_scope() as session:
+        row = session.get(Request, request_id)
+        assert row is not None
+        assert row.flow_run_id is not None
+        run_id = uuid.UUID(row.flow_run_id)
+    async with get_client() as client:
+        shares = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])
+            )
+        )
+        runs = [run_id, *(share.id for share in shares)]
+        tasks = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=runs)), limit=200
+        )
+    prepared = [t.end_time for t in tasks if t.name == "prepare delivery" and t.end_time]
+    chunks = [t.end_time for t in tasks if t.name.startswith("deliver chunk ") and t.end_time]
+    assert len(prepared) == 1, prepared
+    return (max(chunks) - prepared[0]).total_seconds()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--chunks", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--chunk-concurrency", type=int, default=1)
+    args = parser.parse_args()
+    users = args.chunks * 5000
+    overheads: list[float] = []
+    with nginx_responder() as responder, private_stack() as home:
+        provider = {"CT_FCM_BASE_URL": responder, "CT_FCM_TOKEN_URI": f"{responder}/token"}
+        os.environ.update(provider)  # the reference sends from this process
+        from campaign_trigger.config import get_settings
+
+        get_settings.cache_clear()
+        audience: Audience = seed_audience(users)
+        content = csv_bytes(audience.users)
+        # The reference requests are claimed before any worker runs, so no worker ever
+        # makes them a flow run.
+        references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds)]
+        reference_times = []
+        worker = Worker(home, "--chunk-concurrency", str(args.chunk_concurrency), **provider)
+        try:
+            asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
+            for n, reference in enumerate(references):
+                ref = asyncio.run(reference_phase(reference))
+                request_id = create_csv_request(audience, content)
+                asyncio.run(wait_processed(request_id, 600))
+                flow = asyncio.run(flow_phase(request_id))
+                reference_times.append(ref)
+                overhead = (flow - ref) / ref
+                overheads.append(overhead)
+                print(
+                    f"round {n + 1}: {args.chunks} chunks of 5,000 - reference "
+                    f"{ref / args.chunks * 1000:.0f} ms/chunk, flow path "
+                    f"{flow / args.chunks * 1000:.0f} ms/chunk, overhead "
+                    f"{(flow - ref) / args.chunks * 1000:+.0f} ms/chunk ({overhead:+.1%})"
+                )
+        finally:
+            worker.stop()
+    median = statistics.median(overheads)
+    ref_chunk = statistics.median(reference_times) / args.chunks
+    print(
+        f"orchestration overhead per chunk, median of {args.rounds}: {median:+.1%} of the "
+        f"reference's {ref_chunk * 1000:.0f} ms chunk (target <= {TARGET:.0%}: "
+        f"{'met' if median <= TARGET else 'NOT met'})"
+    )
+
+
+if __name__ == "__main__":
+    main()
