@@ -125,7 +125,15 @@ def _stack_in(home: Path, port: int, settings: dict[str, str]) -> Iterator[None]
     get_settings.cache_clear()
     log = (home / "prefect-server.log").open("wb")
     server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "campaign_trigger.deployments.prefect_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -115,10 +115,11 @@ class ManagedProcess:
 
 
 def prefect_server_argv(port: int) -> list[str]:
+    """The Prefect server ``campaign-trigger up`` runs (SQLite transactions IMMEDIATE)."""
     return [
-        str(VENV_BIN / "prefect"),
-        "server",
-        "start",
+        str(VENV_BIN / "python"),
+        "-m",
+        "campaign_trigger.deployments.prefect_server",
         "--host",
         "127.0.0.1",
         "--port",

@@ -1,6 +1,7 @@
 """``campaign-trigger up``: the embedded stack on one machine, as child processes.
 
-Order: migrate → seed the demo → Prefect server (unless PREFECT_API_URL names one)
+Order: migrate → seed the demo → Prefect server (unless PREFECT_API_URL names one; on
+SQLite, with its transactions begun IMMEDIATE: ``deployments/prefect_server.py``)
 → sandbox providers → API → delivery worker → runner of the other deployments
 (send-batch, the daily CSV example, maintenance). Each child runs in its own process
 group and dies with us (PR_SET_PDEATHSIG); Ctrl-C or SIGTERM stops them all. A child
@@ -158,14 +159,13 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
     else:
         check_port_free("127.0.0.1", settings.prefect_port, "Prefect server", "CT_PREFECT_PORT")
         shared.update(prefect_env(settings))
-        prefect = str(Path(sys.executable).with_name("prefect"))
         children.append(
             Child(
                 "Prefect server",
                 [
-                    prefect,
-                    "server",
-                    "start",
+                    sys.executable,
+                    "-m",
+                    "campaign_trigger.deployments.prefect_server",
                     "--host",
                     "127.0.0.1",
                     "--port",

@@ -1,0 +1,35 @@
+"""The embedded stack's Prefect server: ``prefect server start``, every SQLite
+transaction begun ``IMMEDIATE``.
+
+Prefect begins its SQLite transactions ``DEFERRED``: a transaction that read, then
+writes after another connection committed, fails at once with "database is locked"
+(in WAL mode SQLite cannot wait for a snapshot that is already stale), so concurrent
+flow-run creation, state changes and heartbeats turn into 503s and lost creations.
+``BEGIN IMMEDIATE`` takes the write lock first and waits for it (``busy_timeout``, 60 s
+in Prefect's set-up): the writers queue instead of failing. A PostgreSQL server is
+untouched. Run as ``python -m campaign_trigger.deployments.prefect_server [start
+options]``; the options are ``prefect server start``'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from prefect.server.database.configurations import AioSqliteConfiguration
+
+
+def _begin_immediate(self: AioSqliteConfiguration, conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def main() -> None:
+    AioSqliteConfiguration.begin_sqlite_stmt = _begin_immediate  # type: ignore[method-assign]
+    from prefect.cli import app
+
+    sys.argv = ["prefect", "server", "start", *sys.argv[1:]]
+    app()
+
+
+if __name__ == "__main__":
+    main()
