@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from campaign_trigger.cli import identity
-from campaign_trigger.cli.base import app, in_session, migrate, say
+from campaign_trigger.cli import credentials, identity
+from campaign_trigger.cli.base import app, fail, in_session, migrate, say
 
 admin_app = typer.Typer(
     help="Administer tenants: organisations, accounts, apps, campaigns, devices.",
@@ -84,6 +84,7 @@ def admin_create_app(
 
 
 identity.register(admin_app, in_session=in_session, say=say)
+credentials.register(admin_app, in_session=in_session, say=say, fail=fail)
 
 
 @admin_app.command("create-campaign")

@@ -53,6 +53,9 @@ class ProviderToken(NamedTuple):
 
     issued_at: int
     fingerprint: str  # what deliveries show (not the token itself)
+    key_id: str
+    team_id: str
+    topics: tuple[str, ...]  # the bundle ids its key may push to; () = any
 
 
 def refusal(reason: str, apns_id: bytes) -> Reply:
@@ -88,7 +91,9 @@ def _verify(state: SandboxState, raw: bytes) -> ProviderToken | None:
         )
     except jwt.PyJWTError:
         return None
-    verified = ProviderToken(issued, hashlib.sha256(raw).hexdigest()[:16])
+    verified = ProviderToken(
+        issued, hashlib.sha256(raw).hexdigest()[:16], key.key_id, str(issuer), key.scope
+    )
     if len(state.verified_jwts) > 10_000:
         state.verified_jwts.clear()
     state.verified_jwts[raw] = verified
@@ -148,6 +153,9 @@ def apns_send(state: SandboxState, request: Request, device_token: str) -> Reply
             document = None
         if not isinstance(document, dict) or not isinstance(document.get("aps"), dict):
             problem = "PayloadEmpty"
+    topic = request.headers.get(b"apns-topic", b"").decode("latin-1")
+    if problem is None and provider.topics and topic not in provider.topics:
+        problem = "TopicDisallowed"  # the key's team has no app of this bundle id
     if problem is not None:
         return refusal(problem, apns_id)
     state.attempted(device_token)
@@ -172,6 +180,7 @@ def apns_send(state: SandboxState, request: Request, device_token: str) -> Reply
             request.body,
             now,
             extra,
+            (provider.key_id, provider.team_id),
         )
     )
     return Reply(200, ((b"apns-id", apns_id),), b"", delayed=True)

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,9 +29,14 @@ import pyarrow as pa
 from sqlmodel import Session
 
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery.base import PushMessage, PushProvider, PushResult
-from campaign_trigger.delivery.providers import pooled_provider, release_provider
-from campaign_trigger.services import audience, devices, outcome_log
+from campaign_trigger.delivery.base import FP_ERR_PUSH_FAILED, PushMessage, PushResult
+from campaign_trigger.delivery.providers import (
+    ProviderFor,
+    pooled_provider,
+    provider_lease,
+    release_provider,
+)
+from campaign_trigger.services import app_credentials, audience, devices, outcome_log
 from campaign_trigger.services.inbox import InboxEntry
 from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.render import render_column
@@ -102,10 +107,8 @@ def _auth_refused(app_id: str) -> outcome_log.Write:
     return lambda s: devices.flag_auth_failed(session=s, app_id=app_id)
 
 
-ProviderFor = Callable[[Settings, audience.AppTarget], PushProvider]
-
-
 async def _send_push(
+    session: Session,
     settings: Settings,
     job: ChunkJob,
     targets: Sequence[audience.Target],
@@ -141,13 +144,26 @@ async def _send_push(
         ]
         if not messages:
             continue
-        provider = provider_for(settings, app)
+        # Read at every chunk: a rotation of the app's credentials applies from the next one.
+        credentials = await asyncio.to_thread(
+            app_credentials.provider_credentials,
+            session=session,
+            settings=settings,
+            app_id=app.app_id,
+            platform=app.platform,
+        )
         await sleep_until(job.send_at)  # everything is ready: never send before send_at
-        await provider.send_many(messages, on_result=record)
-        if provider.auth_failed:
-            logger.warning("provider refused our credentials for an app of the campaign")
-            recorder.also(_auth_refused(app.app_id))
-            await release_provider(settings, app)
+        if credentials is None:
+            logger.error("app %s has no usable push credentials: not sent", app.app_id)
+            for message in messages:
+                await record(PushResult(message.key, FP_ERR_PUSH_FAILED, None, None))
+            continue
+        async with provider_lease(settings, app, credentials, provider_for) as provider:
+            await provider.send_many(messages, on_result=record)
+            if provider.auth_failed:
+                logger.warning("provider refused the credentials of app %s", app.app_id)
+                recorder.also(_auth_refused(app.app_id))
+                await release_provider(settings, app)
 
 
 async def _publish_inapp(
@@ -239,7 +255,7 @@ async def process_chunk(
             [_row(job, t, error=t.error_message, sent_at=None) for t in known]
         )
         to_send = [t for t in todo if not t.error_message]
-        await _send_push(settings, job, to_send, chunk, recorder, counts, provider_for)
+        await _send_push(session, settings, job, to_send, chunk, recorder, counts, provider_for)
         await recorder.finish()
     except BaseException:
         await recorder.abandon()

@@ -83,6 +83,18 @@ class RequestState(enum.StrEnum):
     failed = "failed"
 
 
+class PushService(enum.StrEnum):
+    fcm = "fcm"
+    apns = "apns"
+
+
+class ApnsEnvironment(enum.StrEnum):
+    """Which APNs endpoint an iOS app's tokens belong to."""
+
+    production = "production"
+    development = "development"
+
+
 class MessageSource(enum.StrEnum):
     json = "json"
     csv = "csv"
@@ -138,6 +150,31 @@ class App(SQLModel, table=True):
         default=None, sa_column=Column(UTCDateTime(), nullable=True)
     )
     created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class AppCredentials(SQLModel, table=True):
+    """An app's own provider credentials (``services/app_credentials.py``).
+
+    The secret — the whole service-account JSON for FCM, the ``.p8`` key for APNs — is
+    only ever stored sealed (AES-256-GCM, ``services/sealed.py``); the other columns are
+    what an operator may see. ``version`` grows with every change: a worker's pooled
+    provider of an older version is replaced at its next chunk.
+    """
+
+    app_id: str = Field(foreign_key="app.app_id", primary_key=True, max_length=200)
+    service: PushService = Field(sa_type=_enum(PushService))
+    key_id: str = Field(max_length=128)  # FCM private_key_id / APNs key id
+    project_id: str | None = Field(default=None, max_length=200)  # FCM
+    client_email: str | None = Field(default=None, max_length=320)  # FCM
+    team_id: str | None = Field(default=None, max_length=64)  # APNs
+    topic: str | None = Field(default=None, max_length=200)  # APNs bundle id
+    environment: ApnsEnvironment | None = Field(default=None, sa_type=_enum(ApnsEnvironment))
+    public_key_sha256: str = Field(max_length=64)  # fingerprint of the public half
+    sealed_secret: str = Field(sa_column=Column(Text, nullable=False))
+    version: int = Field(default=1, ge=1)
+    updated_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
     )
 

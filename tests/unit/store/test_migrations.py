@@ -140,3 +140,57 @@ def test_requests_messages_and_outcomes_survive_the_exactly_once_migration_on_po
     postgres_url: str,
 ) -> None:
     _upgrade_with_requests(postgres_url)
+
+
+def _credentials_migration(url: str) -> None:
+    """0004 adds the sealed credentials of apps beside the existing apps, and drops them."""
+    upgrade(url, "0003")
+    when = "2026-01-01 00:00:00.000000"
+    with engine_for(url).begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+                "VALUES (1, 'o', 1, 'monthly', :when)"
+            ),
+            {"when": when},
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO app (app_id, org_id, platform, sdk_key, identity_key, "
+                "identity_verification, created_at) VALUES ('a', 1, 'ios', 'k', 'i', false, :when)"
+            ),
+            {"when": when},
+        )
+    upgrade(url)
+    with engine_for(url).begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO appcredentials (app_id, service, key_id, team_id, topic, "
+                "environment, public_key_sha256, sealed_secret, version, updated_at) "
+                "VALUES ('a', 'apns', 'K', 'T', 'com.x.y', 'production', 'f', 'v1.x', 1, :when)"
+            ),
+            {"when": when},
+        )
+        # one row per app
+        with pytest.raises(sa.exc.IntegrityError), connection.begin_nested():
+            connection.execute(
+                sa.text(
+                    "INSERT INTO appcredentials (app_id, service, key_id, "
+                    "public_key_sha256, sealed_secret, version, updated_at) "
+                    "VALUES ('a', 'fcm', 'K', 'f', 'v1.x', 1, :when)"
+                ),
+                {"when": when},
+            )
+    downgrade(url, "0003")
+    assert "appcredentials" not in _tables(url)
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM app")).scalar() == 1
+
+
+def test_app_credentials_migrate_up_and_down(tmp_path: Path) -> None:
+    _credentials_migration(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_app_credentials_migrate_up_and_down_on_postgres(postgres_url: str) -> None:
+    _credentials_migration(postgres_url)
