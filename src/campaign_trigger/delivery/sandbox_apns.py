@@ -106,8 +106,11 @@ def _header_problem(request: Request, apns_id: bytes) -> str | None:
         return "MissingTopic"
     if headers.get(b"apns-push-type", b"alert") not in PUSH_TYPES:
         return "InvalidPushType"
-    if headers.get(b"apns-priority", b"10") not in (b"1", b"5", b"10"):
+    priority = headers.get(b"apns-priority", b"10")
+    if priority not in (b"1", b"5", b"10"):
         return "BadPriority"
+    if priority == b"10" and headers.get(b"apns-push-type") == b"background":
+        return "BadPriority"  # Apple: a background notification must not be sent at 10
     if not headers.get(b"apns-expiration", b"0").isdigit():
         return "BadExpirationDate"
     if b"apns-id" in headers and not _UUID.match(apns_id):
@@ -170,6 +173,8 @@ def apns_send(state: SandboxState, request: Request, device_token: str) -> Reply
         headers.get(b"apns-push-type", b"alert").decode("latin-1"),
         provider.fingerprint,
         request.http_version,
+        headers.get(b"apns-priority", b"10").decode("latin-1"),
+        headers.get(b"apns-expiration", b"").decode("latin-1"),
     )
     state.accept(
         Delivery(

@@ -31,7 +31,8 @@ class Delivery(NamedTuple):
     collapse_id: str | None
     payload: bytes  # FCM: the request body; APNs: the JSON payload
     received_at: float
-    apns: tuple[str, str, str, str] | None  # topic, push type, provider token id, HTTP version
+    # topic, push type, provider token id, HTTP version, apns-priority, apns-expiration
+    apns: tuple[str, str, str, str, str, str] | None
     signer: tuple[str, str] = ("", "")  # the key id that signed, its team id / account e-mail
     project: str = ""  # FCM: the project of the send's URL
 
@@ -170,13 +171,15 @@ def _signer_fields(delivery: Delivery) -> dict[str, str]:
     return {"team_id": delivery.signer[1]}
 
 
-def _apns_fields(apns: tuple[str, str, str, str] | None) -> dict[str, str]:
+def _apns_fields(apns: tuple[str, str, str, str, str, str] | None) -> dict[str, str]:
     if apns is None:
         return {}
-    topic, push_type, provider_token_id, http_version = apns
+    topic, push_type, provider_token_id, http_version, priority, expiration = apns
     return {
         "topic": topic,
         "push_type": push_type,
         "provider_token_id": provider_token_id,
         "http_version": http_version,
+        "priority": priority,
+        "expiration": expiration,
     }

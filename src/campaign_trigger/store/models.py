@@ -95,6 +95,11 @@ class ApnsEnvironment(enum.StrEnum):
     development = "development"
 
 
+class PushPriority(enum.StrEnum):
+    high = "high"
+    normal = "normal"
+
+
 class MessageSource(enum.StrEnum):
     json = "json"
     csv = "csv"
@@ -188,6 +193,17 @@ class Campaign(SQLModel, table=True):
     state: CampaignState = Field(default=CampaignState.draft, sa_type=_enum(CampaignState))
     title: str = Field(sa_column=Column(Text, nullable=False))
     body: str = Field(sa_column=Column(Text, nullable=False))
+    # key -> template, rendered per user like title and body (push data / in-app data)
+    data: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    image: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # a template
+    sound: str | None = Field(default=None, max_length=200)
+    badge: int | None = Field(default=None, ge=0)
+    priority: PushPriority = Field(default=PushPriority.high, sa_type=_enum(PushPriority))
+    ttl_seconds: int | None = Field(default=None, ge=0)  # push expiry; in-app expires_at
+    interruption_level: str | None = Field(default=None, max_length=32)
+    thread_id: str | None = Field(default=None, max_length=200)
+    category: str | None = Field(default=None, max_length=200)
+    silent: bool = False  # APNs background push / FCM data-only message
     variables: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     created_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
@@ -325,8 +341,13 @@ class InboxMessage(SQLModel, table=True):
     campaign_id: str = Field(max_length=64)
     title: str = Field(sa_column=Column(Text, nullable=False))
     body: str = Field(sa_column=Column(Text, nullable=False))
+    data: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    image: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     published_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+    expires_at: datetime | None = Field(  # from the campaign's TTL; not shown after it
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,48 @@ def test_app_credentials_migrate_up_and_down(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_app_credentials_migrate_up_and_down_on_postgres(postgres_url: str) -> None:
     _credentials_migration(postgres_url)
+
+
+def _payload_migration(url: str) -> None:
+    """0005: existing campaigns send what they sent, existing inbox entries never expire."""
+    upgrade(url, "0004")
+    when = "2026-01-01 00:00:00.000000"
+    with engine_for(url).begin() as connection:
+        for statement in (
+            "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+            "VALUES (1, 'o', 1, 'monthly', :when)",
+            "INSERT INTO campaign (id, org_id, channel, state, title, body, variables, "
+            "created_at) VALUES ('c', 1, 'push', 'started', 't', 'b', '[]', :when)",
+            "INSERT INTO inboxmessage (app_id, device_id, user_id, request_id, campaign_id, "
+            "title, body, published_at) VALUES ('a', 'd', 'u', 'r', 'c', 't', 'b', :when)",
+        ):
+            connection.execute(sa.text(statement), {"when": when})
+    upgrade(url)
+    with engine_for(url).connect() as connection:
+        campaign = connection.execute(
+            sa.text(
+                "SELECT data, image, sound, badge, priority, ttl_seconds, interruption_level, "
+                "thread_id, category, silent FROM campaign"
+            )
+        ).one()
+        entry = connection.execute(
+            sa.text("SELECT data, image, expires_at FROM inboxmessage")
+        ).one()
+    data = campaign[0] if isinstance(campaign[0], dict) else json.loads(campaign[0])
+    assert (data, *campaign[1:9], bool(campaign[9])) == (
+        {}, None, None, None, "high", None, None, None, None, False
+    )  # fmt: skip
+    entry_data = entry[0] if isinstance(entry[0], dict) else json.loads(entry[0])
+    assert (entry_data, entry[1], entry[2]) == ({}, None, None)
+    downgrade(url, "0004")
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT title FROM campaign")).scalar() == "t"
+
+
+def test_complete_payload_columns_migrate_with_defaults(tmp_path: Path) -> None:
+    _payload_migration(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_complete_payload_columns_migrate_with_defaults_on_postgres(postgres_url: str) -> None:
+    _payload_migration(postgres_url)
