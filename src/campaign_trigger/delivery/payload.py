@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
@@ -106,13 +107,21 @@ def _members(pairs: list[tuple[str, object]]) -> str:
     )
 
 
-@lru_cache(maxsize=256)
-def _android_parts(options: PushOptions) -> tuple[str, str]:
-    """The chunk's ``android`` members and ``android.notification`` members (no braces)."""
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """The fragments of a chunk's payloads that depend on its options only."""
+
+    android_members: str  # "priority":...,"ttl":... (no braces)
+    notification_members: str  # android.notification's fixed members (no braces)
+    aps_tail: str  # ,"sound":...,"badge":... after the alert ("" for a silent push)
+
+
+def _shape_of(options: PushOptions) -> _Shape:
     android: list[tuple[str, object]] = [("priority", options.priority)]
     if options.ttl_seconds is not None:
         android.append(("ttl", f"{options.ttl_seconds}s"))
     notification: list[tuple[str, object]] = []
+    aps: list[tuple[str, object]] = []
     if not options.silent:
         if options.sound is not None:
             notification.append(("sound", options.sound))
@@ -125,10 +134,39 @@ def _android_parts(options: PushOptions) -> tuple[str, str]:
             if level is None:
                 raise PayloadError(f"unknown interruption level {options.interruption_level!r}")
             notification.append(("notification_priority", level))
-    return _members(android), _members(notification)
+        aps.append(("sound", options.sound or "default"))
+        if options.badge is not None:
+            aps.append(("badge", options.badge))
+        if options.thread_id is not None:
+            aps.append(("thread-id", options.thread_id))
+        if options.category is not None:
+            aps.append(("category", options.category))
+        if options.interruption_level is not None:
+            aps.append(("interruption-level", options.interruption_level))
+    return _Shape(_members(android), _members(notification), "," + _members(aps) if aps else "")
 
 
-def _android(options: PushOptions, collapse_id: str) -> str:
+_last_shape: tuple[PushOptions, _Shape] | None = None
+
+
+def _shape(options: PushOptions) -> _Shape:
+    """The options' fragments; a chunk's messages share one options object, so the
+    last one is remembered by identity (no hashing per message)."""
+    global _last_shape
+    last = _last_shape  # one read: safe if another thread swaps it
+    if last is not None and last[0] is options:
+        return last[1]
+    shape = _cached_shape(options)
+    _last_shape = (options, shape)
+    return shape
+
+
+@lru_cache(maxsize=256)
+def _cached_shape(options: PushOptions) -> _Shape:
+    return _shape_of(options)
+
+
+def _android(shape: _Shape, silent: bool, collapse_id: str) -> str:
     """The ``android`` member: the chunk's options plus the message's collapse identity.
 
     The identity goes in ``android.notification.tag``: a notification with the tag of
@@ -137,69 +175,58 @@ def _android(options: PushOptions, collapse_id: str) -> str:
     key per message would lose transactional messages to a device that was offline.
     A data-only (silent) message shows nothing, so it has no notification to replace.
     """
-    members, notification = _android_parts(options)
-    if collapse_id and not options.silent:
+    notification = shape.notification_members
+    if collapse_id and not silent:
         tag = f'"tag":{_string(collapse_id)}'
         notification = f"{notification},{tag}" if notification else tag
     if notification:
-        return f'{{{members},"notification":{{{notification}}}}}'
-    return f"{{{members}}}"
+        return f'{{{shape.android_members},"notification":{{{notification}}}}}'
+    return f"{{{shape.android_members}}}"
 
 
 def fcm_body(message: PushMessage) -> bytes:
     """The JSON body of an FCM v1 ``messages:send`` call."""
     options = message.options
-    parts: list[str] = []
-    if not options.silent:
-        image = f',"image":{_string(message.image)}' if message.image else ""
-        parts.append(
-            f'"notification":{{"title":{_string(message.title)},'
-            f'"body":{_string(message.body)}{image}}}'
-        )
     members = _fcm_data.members(message.data)
-    if members:
-        parts.append(f'"data":{{{members}}}')
-    parts.append(f'"android":{_android(options, message.collapse_id)}')
-    payload = _utf8("{" + ",".join(parts) + "}")
+    data = f',"data":{{{members}}}' if members else ""
+    android = _android(_shape(options), options.silent, message.collapse_id)
+    if options.silent:
+        payload = _utf8(
+            f'{{{data[1:]},"android":{android}}}' if data else f'{{"android":{android}}}'
+        )
+    else:
+        image = f',"image":{_string(message.image)}' if message.image else ""
+        payload = _utf8(
+            f'{{"notification":{{"title":{_string(message.title)},'
+            f'"body":{_string(message.body)}{image}}}{data},"android":{android}}}'
+        )
     _check_size(len(payload))
     head = _utf8(f'{{"message":{{"token":{_string(message.token)},')
     return head + payload[1:] + b"}"
 
 
-@lru_cache(maxsize=256)
-def _aps_tail(options: PushOptions) -> str:
-    """The ``aps`` members after the alert that are the same for the whole chunk."""
-    if options.silent:
-        return ""
-    aps: list[tuple[str, object]] = [("sound", options.sound or "default")]
-    if options.badge is not None:
-        aps.append(("badge", options.badge))
-    if options.thread_id is not None:
-        aps.append(("thread-id", options.thread_id))
-    if options.category is not None:
-        aps.append(("category", options.category))
-    if options.interruption_level is not None:
-        aps.append(("interruption-level", options.interruption_level))
-    return "," + _members(aps)
-
-
 def apns_body(message: PushMessage) -> bytes:
     """The JSON body of an APNs ``/3/device/{token}`` call: ``aps`` plus the data keys."""
-    if "aps" in message.data:
+    data = message.data
+    if "aps" in data:
         raise PayloadError("'aps' is reserved in APNs payloads")
+    members = _apns_data.members(data)
+    extra = f",{members}" if members else ""
+    image = message.image
+    if image:
+        if "image" in data:
+            raise PayloadError("'image' is the image URL's key in APNs payloads")
+        extra = f',"image":{_string(image)}{extra}'
     options = message.options
     if options.silent:
-        aps = '{"content-available":1}'
+        body = _utf8(f'{{"aps":{{"content-available":1}}{extra}}}')
     else:
-        alert = f'{{"title":{_string(message.title)},"body":{_string(message.body)}}}'
-        mutable = ',"mutable-content":1' if message.image else ""
-        aps = f'{{"alert":{alert}{_aps_tail(options)}{mutable}}}'
-    members = _apns_data.members(message.data)
-    extra = f",{members}" if members else ""
-    if message.image:
-        if "image" in message.data:
-            raise PayloadError("'image' is the image URL's key in APNs payloads")
-        extra = f',"image":{_string(message.image)}{extra}'
-    body = _utf8(f'{{"aps":{aps}{extra}}}')
+        last = _last_shape
+        tail = (last[1] if last is not None and last[0] is options else _shape(options)).aps_tail
+        mutable = ',"mutable-content":1' if image else ""
+        body = _utf8(
+            f'{{"aps":{{"alert":{{"title":{_string(message.title)},'
+            f'"body":{_string(message.body)}}}{tail}{mutable}}}{extra}}}'
+        )
     _check_size(len(body))
     return body
