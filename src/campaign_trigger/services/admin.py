@@ -136,8 +136,7 @@ def create_campaign(
         content = CampaignContent(title=title, body=body).changed(**(options or {}))
     except TypeError as exc:
         raise AdminError(f"Unknown campaign field: {exc}") from None
-    if checked_channel == Channel.inapp and content.silent:
-        raise AdminError("An in-app campaign cannot be silent")
+    _check_channel(checked_channel, content)
     if campaign_id is not None:
         if not campaign_id.strip():
             raise AdminError("Campaign id must not be empty")
@@ -156,6 +155,26 @@ def create_campaign(
     return campaign
 
 
+def _check_channel(channel: Channel, content: CampaignContent) -> None:
+    """In-app messages take the data, image and TTL of a campaign, not the push options."""
+    if channel != Channel.inapp:
+        return
+    pushed = [
+        name
+        for name in ("sound", "badge", "interruption_level", "thread_id", "category")
+        if getattr(content, name) is not None
+    ]
+    if content.silent:
+        pushed.append("silent")
+    if content.priority != "high":
+        pushed.append("priority")
+    if pushed:
+        raise AdminError(
+            f"An in-app campaign has no {', '.join(pushed)}: those are push options "
+            "(in-app messages take --data, --image and --ttl)"
+        )
+
+
 def update_campaign(*, session: Session, campaign_id: str, changes: Mapping[str, Any]) -> Campaign:
     """Change a draft campaign's content (an empty string clears an optional field)."""
     campaign = session.get(Campaign, campaign_id)
@@ -172,8 +191,7 @@ def update_campaign(*, session: Session, campaign_id: str, changes: Mapping[str,
         content = CampaignContent.of(campaign).changed(**changes)
     except TypeError as exc:
         raise AdminError(f"Unknown campaign field: {exc}") from None
-    if campaign.channel == Channel.inapp and content.silent:
-        raise AdminError("An in-app campaign cannot be silent")
+    _check_channel(campaign.channel, content)
     content.apply(campaign)
     session.add(campaign)
     session.flush()

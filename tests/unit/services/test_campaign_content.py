@@ -114,7 +114,7 @@ def test_only_a_draft_changes_and_an_empty_value_clears(
     admin.launch_campaign(session=session, campaign_id=campaign.id)
     with pytest.raises(AdminError, match="only a draft"):
         admin.update_campaign(session=session, campaign_id=campaign.id, changes={"badge": 1})
-    with pytest.raises(AdminError, match="cannot be silent"):
+    with pytest.raises(AdminError, match="in-app campaign has no silent"):
         admin.create_campaign(
             session=session,
             org_name=name,
@@ -123,4 +123,23 @@ def test_only_a_draft_changes_and_an_empty_value_clears(
             title="t",
             body="",
             options={"silent": True, "data": {"k": "v"}},
+        )
+
+
+def test_an_inapp_campaign_takes_data_image_and_ttl_but_no_push_options(
+    session: Session, org: tuple[str, str]
+) -> None:
+    name, app_id = org
+    campaign = admin.create_campaign(
+        session=session,
+        org_name=name,
+        app_ids=[app_id],
+        channel="inapp",
+        title="Order {{ order_id }}",
+        body="",
+        options={"data": {"link": "app://o/{{ order_id }}"}, "ttl_seconds": 60},
+    )
+    with pytest.raises(AdminError, match="in-app campaign has no sound, badge"):
+        admin.update_campaign(
+            session=session, campaign_id=campaign.id, changes={"sound": "a.caf", "badge": 1}
         )
