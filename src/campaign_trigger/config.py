@@ -22,6 +22,7 @@ from campaign_trigger.store.private import FILE_MODE, private_dir
 SANDBOX_URL = "http://127.0.0.1:8010"
 TOKEN_KEY_INFO = b"campaign-trigger/access-tokens/v1"
 LINK_KEY_INFO = b"campaign-trigger/signed-links/v1"
+CREDENTIALS_KEY_INFO = b"campaign-trigger/provider-credentials/v1"
 MIN_SECRET_BYTES = 32
 KEY_TOO_SHORT = (
     "CT_SECRET_KEY must be at least {minimum} bytes long (it has {length}); "
@@ -111,6 +112,19 @@ class Settings(BaseSettings):
     apns_key_id: str = ""
     apns_team_id: str = ""
     apns_topic: str = "com.example.app"
+    require_app_credentials: bool = Field(
+        default=False,
+        description="Production mode: a push request for a campaign with an app that has "
+        "no provider credentials (its own, or the global CT_FCM_*/CT_APNS_* ones) is refused "
+        "with a 400 naming the app, instead of being sent to the sandbox.",
+    )
+    send_to_sandbox: bool = Field(
+        default=False,
+        description="Send every app's pushes, with its own credentials, to the configured "
+        "base URLs even when they are the sandbox's (staging, tests); otherwise an app's own "
+        "credentials go to Google and Apple unless CT_FCM_BASE_URL / CT_APNS_BASE_URL name "
+        "another host.",
+    )
 
     @field_validator("secret_key")
     @classmethod
@@ -151,6 +165,10 @@ class Settings(BaseSettings):
     def link_key(self) -> bytes:
         """The HMAC key of signed links (HKDF-SHA256 of the secret, another label)."""
         return _derived_key(self.secret(), LINK_KEY_INFO)
+
+    def credentials_key(self) -> bytes:
+        """The AES-256-GCM key sealing apps' provider credentials (HKDF, its own label)."""
+        return _derived_key(self.secret(), CREDENTIALS_KEY_INFO)
 
 
 @lru_cache(maxsize=16)

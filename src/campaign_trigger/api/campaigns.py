@@ -83,7 +83,12 @@ async def create_trigger_request(
         ),
     ] = None,
 ) -> RequestCreated:
-    """Create a request: JSON messages, or a CSV file as multipart form-data."""
+    """Create a request: JSON messages, or a CSV file as multipart form-data.
+
+    Besides the specification's refusals: with `CT_REQUIRE_APP_CREDENTIALS` on
+    (production), a push campaign with an app that has no provider credentials is
+    refused with 400 `App <app_id> has no push provider credentials: ...`.
+    """
     kind = media_type(request)
     request_id = new_id()
     cap = settings.json_messages_cap

@@ -156,7 +156,7 @@ def read_inbox(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> InboxPage:
     """A page of the in-app messages of the user logged in on the device, newest first
-    (none while nobody is logged in)."""
+    (none while nobody is logged in), with their data and image; expired ones are left out."""
     app = devices.app_for_key(session=session, sdk_key=app_key, app_id=app_id)
     device = devices.authenticate_device(
         session=session, app_id=app.app_id, device_id=device_id, device_secret=device_secret
@@ -179,7 +179,10 @@ def read_inbox(
             request_id=message.request_id,
             title=message.title,
             body=message.body,
+            data=message.data,
+            image=message.image,
             sent_at=message.published_at,
+            expires_at=message.expires_at,
         )
         for message in page
     ]

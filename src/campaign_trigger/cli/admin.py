@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from campaign_trigger.cli import identity
-from campaign_trigger.cli.base import app, in_session, migrate, say
+from campaign_trigger.cli import campaigns, credentials, identity
+from campaign_trigger.cli.base import app, fail, in_session, migrate, say
 
 admin_app = typer.Typer(
     help="Administer tenants: organisations, accounts, apps, campaigns, devices.",
@@ -84,33 +84,8 @@ def admin_create_app(
 
 
 identity.register(admin_app, in_session=in_session, say=say)
-
-
-@admin_app.command("create-campaign")
-def admin_create_campaign(
-    org: Annotated[str, typer.Option("--org")],
-    app_id: Annotated[list[str], typer.Option("--app-id", help="Repeat for several apps.")],
-    channel: Annotated[str, typer.Option("--channel", help="push or inapp.")],
-    title: Annotated[str, typer.Option("--title")],
-    body: Annotated[str, typer.Option("--body")],
-    campaign_id: Annotated[str | None, typer.Option("--campaign-id")] = None,
-) -> None:
-    """Create a draft API-trigger campaign; prints its id last."""
-    from campaign_trigger.services import admin
-
-    campaign = in_session(
-        lambda s: admin.create_campaign(
-            session=s,
-            org_name=org,
-            app_ids=app_id,
-            channel=channel,
-            title=title,
-            body=body,
-            campaign_id=campaign_id,
-        )
-    )
-    variables = ", ".join(campaign.variables) or "none"
-    say(f"Created draft campaign (variables: {variables}): {campaign.id}")
+credentials.register(admin_app, in_session=in_session, say=say, fail=fail)
+campaigns.register(admin_app, in_session=in_session, say=say, fail=fail)
 
 
 @admin_app.command("launch-campaign")

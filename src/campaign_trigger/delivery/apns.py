@@ -1,7 +1,9 @@
 """APNs client: HTTP/2 ``POST {base}/3/device/{token}`` with an ES256 provider token.
 
 Headers per request: ``authorization: bearer <jwt>``, ``apns-topic``, ``apns-push-type``
-(``alert``), ``apns-priority`` (10), ``apns-expiration``, ``apns-id`` (a UUID kept
+(``alert``, or ``background`` for a silent push), ``apns-priority`` (10; 5 for a
+``normal`` priority or a silent push, as Apple requires), ``apns-expiration`` (now plus
+the campaign's TTL, else a day), ``apns-id`` (a UUID kept
 across retries of the same message, so APNs and the sandbox can tell a retry from a
 second message) and ``apns-collapse-id`` (the message's identity on the device).
 The JWT is reused for ``jwt_reuse_seconds``; on ``ExpiredProviderToken`` a new one is
@@ -66,7 +68,7 @@ class ApnsProvider(RetryingSender):
         self._ids: dict[int, bytes] = {}
         self._auth_header = b""
         self._auth_token = ""
-        self._expires_second = 0
+        self._expires_key = (0, 0)
         self._expires_value = b""
 
     def _build(self, message: PushMessage) -> bytes:
@@ -79,12 +81,14 @@ class ApnsProvider(RetryingSender):
         apns_id = self._ids.get(id(message))
         if apns_id is None:
             apns_id = self._ids[id(message)] = str(uuid.uuid4()).encode()
+        options = message.options
+        urgent = options.priority == "high" and not options.silent
         headers = [
             (b"authorization", self._auth_header),
             (b"apns-topic", self._topic),
-            (b"apns-push-type", b"alert"),
-            (b"apns-priority", b"10"),
-            (b"apns-expiration", self._expires()),
+            (b"apns-push-type", b"background" if options.silent else b"alert"),
+            (b"apns-priority", b"10" if urgent else b"5"),
+            (b"apns-expiration", self._expires(options.ttl_seconds)),
             (b"apns-id", apns_id),
         ]
         if message.collapse_id:
@@ -99,11 +103,15 @@ class ApnsProvider(RetryingSender):
             token,
         )
 
-    def _expires(self) -> bytes:
+    def _expires(self, ttl_seconds: int | None) -> bytes:
+        """``apns-expiration``: a UNIX time; 0 (a TTL of 0) asks for one attempt only."""
+        if ttl_seconds == 0:
+            return b"0"
         now = int(time.time())
-        if now != self._expires_second:
-            self._expires_second = now
-            self._expires_value = str(now + self._expiration).encode()
+        seconds = self._expiration if ttl_seconds is None else ttl_seconds
+        if (now, seconds) != self._expires_key:
+            self._expires_key = (now, seconds)
+            self._expires_value = str(now + seconds).encode()
         return self._expires_value
 
     def _map(self, answer: Answer) -> Verdict:

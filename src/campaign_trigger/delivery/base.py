@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from campaign_trigger.store.models import Platform
 
@@ -23,6 +23,27 @@ FP_ERR_PUSH_FAILED: Final = "FPErrPushFailed"
 
 MAX_PAYLOAD_BYTES: Final = 4096
 """Largest rendered payload we send (FCM and APNs both allow 4 KB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushOptions:
+    """How a campaign's pushes are delivered: the same for every message of a chunk.
+
+    Each maps to both providers as they document it (``delivery/payload.py``; the table
+    is in docs/apps-and-credentials.md). ``None``: the provider's default.
+    """
+
+    priority: Literal["high", "normal"] = "high"
+    ttl_seconds: int | None = None  # FCM android.ttl; APNs apns-expiration (None: 24 h)
+    sound: str | None = None  # None: the default sound
+    badge: int | None = None
+    interruption_level: str | None = None  # passive, active, time-sensitive, critical
+    thread_id: str | None = None
+    category: str | None = None
+    silent: bool = False  # APNs background push; FCM data-only message
+
+
+DEFAULT_OPTIONS: Final = PushOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +60,10 @@ class PushMessage:
     token: str
     title: str
     body: str
-    data: Mapping[str, str]  # e.g. request_id, campaign_id
+    data: Mapping[str, str]  # request_id, campaign_id and the campaign's rendered data
     collapse_id: str = ""
+    image: str = ""  # the rendered image URL ("" = none)
+    options: PushOptions = DEFAULT_OPTIONS
 
 
 @dataclass(frozen=True, slots=True)

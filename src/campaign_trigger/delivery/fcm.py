@@ -10,8 +10,7 @@ it needs far less CPU than aiohttp, itself 4-9x faster than httpx here
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 
@@ -38,7 +37,6 @@ class FcmProvider(RetryingSender):
         concurrency: int = 256,
         max_attempts: int = 4,
         timeout_seconds: float = 10.0,
-        android: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
         backoff_base: float = 0.25,
     ) -> None:
@@ -51,7 +49,6 @@ class FcmProvider(RetryingSender):
             credentials.base_url, timeout_seconds=timeout_seconds, ca_file=credentials.ca_file
         )
         self._path = f"{self.pool.base_path}/v1/projects/{credentials.project_id}/messages:send"
-        self._android = android
         self._token_client = httpx.AsyncClient(
             timeout=timeout_seconds, verify=client_context(credentials.ca_file)
         )
@@ -60,7 +57,7 @@ class FcmProvider(RetryingSender):
         self._head_token = ""
 
     def _build(self, message: PushMessage) -> bytes:
-        return fcm_body(message, android=self._android)
+        return fcm_body(message)
 
     async def _post(self, message: PushMessage, body: bytes) -> Answer:
         token = self.tokens.cached() or await self.tokens.get()

@@ -1,6 +1,25 @@
 """Provider payloads built from a :class:`~campaign_trigger.delivery.base.PushMessage`.
 
-The size rule (DESIGN §5): the rendered payload — FCM's ``notification``, ``data`` and
+Every field of a campaign maps to both providers as they document it (FCM HTTP v1
+``projects.messages``; Apple's "Generating a remote notification" and "Sending
+notification requests to APNs"):
+
+- title, body: ``notification.title`` / ``.body``; ``aps.alert.title`` / ``.body``
+- data: ``data`` (a string map); top-level keys beside ``aps``
+- image: ``notification.image``; top-level ``image`` and ``aps.mutable-content: 1``
+  (for the app's notification service extension, which loads it)
+- sound: ``android.notification.sound``; ``aps.sound`` (``"default"`` when unset)
+- badge: ``android.notification.notification_count``; ``aps.badge``
+- priority high / normal: ``android.priority``; ``apns-priority`` 10 / 5
+- ttl: ``android.ttl`` (``"<n>s"``); ``apns-expiration`` (now + ttl; 0 for a TTL of 0)
+- interruption level: ``android.notification.notification_priority`` (passive: LOW,
+  active: DEFAULT, time-sensitive: HIGH, critical: MAX); ``aps.interruption-level``
+- thread id: none on Android; ``aps.thread-id``
+- category: ``android.notification.click_action``; ``aps.category``
+- silent: a data-only message (no ``notification``); ``aps.content-available: 1`` with
+  ``apns-push-type: background`` and ``apns-priority: 5``
+
+The size rule (DESIGN §5): the final payload — FCM's ``notification``, ``data`` and
 ``android`` fields, or APNs's whole JSON body — is at most
 :data:`~campaign_trigger.delivery.base.MAX_PAYLOAD_BYTES` bytes of UTF-8. A payload
 over it, or one that cannot be serialised (a non-string title, body or data value, a
@@ -8,22 +27,29 @@ lone surrogate, an ``aps`` data key), raises :class:`PayloadError` and is never 
 the provider reports ``FPErrJSONMarshalling``.
 
 Bodies are assembled from JSON-escaped strings rather than by ``json.dumps`` of a
-whole document: this runs once per message at 10,000+ messages/s, and the ``data``
-and ``android`` fragments, the same for every message of a chunk, are encoded once.
+whole document: this runs once per message at 10,000+ messages/s, and the fragments
+that are the same for every message of a chunk (the options, a ``data`` block without
+variables) are encoded once.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Final
 
-from campaign_trigger.delivery.base import MAX_PAYLOAD_BYTES, PushMessage
+from campaign_trigger.delivery.base import MAX_PAYLOAD_BYTES, PushMessage, PushOptions
 
 _escape = json.encoder.encode_basestring  # C-accelerated; keeps non-ASCII characters as is
-_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
-_DEFAULT_ANDROID: Mapping[str, Any] = {"priority": "high"}
+ANDROID_PRIORITY: Final = {
+    "passive": "PRIORITY_LOW",
+    "active": "PRIORITY_DEFAULT",
+    "time-sensitive": "PRIORITY_HIGH",
+    "critical": "PRIORITY_MAX",
+}
 
 
 class PayloadError(ValueError):
@@ -59,22 +85,6 @@ class _LastFragment:
 
 
 _fcm_data = _LastFragment()
-_last_android: tuple[dict[str, Any], str] | None = None
-
-
-def _android_options(android: Mapping[str, Any]) -> str:
-    global _last_android
-    entry = _last_android
-    if entry is not None and entry[0] == android:
-        return entry[1]
-    try:
-        encoded = _compact(dict(android))
-    except (TypeError, ValueError):
-        raise PayloadError("android options cannot be serialised") from None
-    _last_android = (dict(android), encoded)
-    return encoded
-
-
 _apns_data = _LastFragment()
 
 
@@ -90,32 +100,106 @@ def _check_size(size: int) -> None:
         raise PayloadError(f"payload is {size} bytes, over {MAX_PAYLOAD_BYTES}")
 
 
-def _android(options: str, collapse_id: str) -> str:
+def _members(pairs: list[tuple[str, object]]) -> str:
+    return ",".join(
+        f"{_escape(name)}:{value if isinstance(value, int) else _string(value)}"
+        for name, value in pairs
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """The fragments of a chunk's payloads that depend on its options only."""
+
+    android_members: str  # "priority":...,"ttl":... (no braces)
+    notification_members: str  # android.notification's fixed members (no braces)
+    aps_tail: str  # ,"sound":...,"badge":... after the alert ("" for a silent push)
+
+
+def _shape_of(options: PushOptions) -> _Shape:
+    android: list[tuple[str, object]] = [("priority", options.priority)]
+    if options.ttl_seconds is not None:
+        android.append(("ttl", f"{options.ttl_seconds}s"))
+    notification: list[tuple[str, object]] = []
+    aps: list[tuple[str, object]] = []
+    if not options.silent:
+        if options.sound is not None:
+            notification.append(("sound", options.sound))
+        if options.badge is not None:
+            notification.append(("notification_count", options.badge))
+        if options.category is not None:
+            notification.append(("click_action", options.category))
+        if options.interruption_level is not None:
+            level = ANDROID_PRIORITY.get(options.interruption_level)
+            if level is None:
+                raise PayloadError(f"unknown interruption level {options.interruption_level!r}")
+            notification.append(("notification_priority", level))
+        aps.append(("sound", options.sound or "default"))
+        if options.badge is not None:
+            aps.append(("badge", options.badge))
+        if options.thread_id is not None:
+            aps.append(("thread-id", options.thread_id))
+        if options.category is not None:
+            aps.append(("category", options.category))
+        if options.interruption_level is not None:
+            aps.append(("interruption-level", options.interruption_level))
+    return _Shape(_members(android), _members(notification), "," + _members(aps) if aps else "")
+
+
+_last_shape: tuple[PushOptions, _Shape] | None = None
+
+
+def _shape(options: PushOptions) -> _Shape:
+    """The options' fragments; a chunk's messages share one options object, so the
+    last one is remembered by identity (no hashing per message)."""
+    global _last_shape
+    last = _last_shape  # one read: safe if another thread swaps it
+    if last is not None and last[0] is options:
+        return last[1]
+    shape = _cached_shape(options)
+    _last_shape = (options, shape)
+    return shape
+
+
+@lru_cache(maxsize=256)
+def _cached_shape(options: PushOptions) -> _Shape:
+    return _shape_of(options)
+
+
+def _android(shape: _Shape, silent: bool, collapse_id: str) -> str:
     """The ``android`` member: the chunk's options plus the message's collapse identity.
 
     The identity goes in ``android.notification.tag``: a notification with the tag of
     one already shown replaces it on the device. Not in ``android.collapse_key``: FCM
     keeps at most four collapse keys per offline device and drops the others, and a
     key per message would lose transactional messages to a device that was offline.
+    A data-only (silent) message shows nothing, so it has no notification to replace.
     """
-    if not collapse_id:
-        return options
-    if '"notification"' in options:
-        raise PayloadError("android options may not set notification")
-    extra = f'"notification":{{"tag":{_string(collapse_id)}}}'
-    return f"{{{extra}}}" if options == "{}" else f"{options[:-1]},{extra}}}"
+    notification = shape.notification_members
+    if collapse_id and not silent:
+        tag = f'"tag":{_string(collapse_id)}'
+        notification = f"{notification},{tag}" if notification else tag
+    if notification:
+        return f'{{{shape.android_members},"notification":{{{notification}}}}}'
+    return f"{{{shape.android_members}}}"
 
 
-def fcm_body(message: PushMessage, *, android: Mapping[str, Any] | None = None) -> bytes:
+def fcm_body(message: PushMessage) -> bytes:
     """The JSON body of an FCM v1 ``messages:send`` call."""
-    notification = (
-        f'{{"notification":{{"title":{_string(message.title)},"body":{_string(message.body)}}}'
-    )
+    options = message.options
     members = _fcm_data.members(message.data)
     data = f',"data":{{{members}}}' if members else ""
-    options = _android_options(android if android is not None else _DEFAULT_ANDROID)
-    android_member = _android(options, message.collapse_id)
-    payload = _utf8(f'{notification}{data},"android":{android_member}}}')
+    android = _android(_shape(options), options.silent, message.collapse_id)
+    if options.silent:
+        payload = _utf8(
+            f'{{{data[1:]},"android":{android}}}' if data else f'{{"android":{android}}}'
+        )
+    else:
+        image = f',"image":{_string(message.image)}' if message.image else ""
+        payload = _utf8(
+            f'{{"notification":{{"title":{_string(message.title)},'
+            f'"body":{_string(message.body)}{image}}}{data},"android":{android}}}'
+        )
     _check_size(len(payload))
     head = _utf8(f'{{"message":{{"token":{_string(message.token)},')
     return head + payload[1:] + b"}"
@@ -123,11 +207,26 @@ def fcm_body(message: PushMessage, *, android: Mapping[str, Any] | None = None) 
 
 def apns_body(message: PushMessage) -> bytes:
     """The JSON body of an APNs ``/3/device/{token}`` call: ``aps`` plus the data keys."""
-    if "aps" in message.data:
+    data = message.data
+    if "aps" in data:
         raise PayloadError("'aps' is reserved in APNs payloads")
-    alert = f'{{"title":{_string(message.title)},"body":{_string(message.body)}}}'
-    members = _apns_data.members(message.data)
+    members = _apns_data.members(data)
     extra = f",{members}" if members else ""
-    body = _utf8(f'{{"aps":{{"alert":{alert},"sound":"default"}}{extra}}}')
+    image = message.image
+    if image:
+        if "image" in data:
+            raise PayloadError("'image' is the image URL's key in APNs payloads")
+        extra = f',"image":{_string(image)}{extra}'
+    options = message.options
+    if options.silent:
+        body = _utf8(f'{{"aps":{{"content-available":1}}{extra}}}')
+    else:
+        last = _last_shape
+        tail = (last[1] if last is not None and last[0] is options else _shape(options)).aps_tail
+        mutable = ',"mutable-content":1' if image else ""
+        body = _utf8(
+            f'{{"aps":{{"alert":{{"title":{_string(message.title)},'
+            f'"body":{_string(message.body)}}}{tail}{mutable}}}{extra}}}'
+        )
     _check_size(len(body))
     return body

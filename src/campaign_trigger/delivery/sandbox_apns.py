@@ -53,6 +53,9 @@ class ProviderToken(NamedTuple):
 
     issued_at: int
     fingerprint: str  # what deliveries show (not the token itself)
+    key_id: str
+    team_id: str
+    topics: tuple[str, ...]  # the bundle ids its key may push to; () = any
 
 
 def refusal(reason: str, apns_id: bytes) -> Reply:
@@ -88,7 +91,9 @@ def _verify(state: SandboxState, raw: bytes) -> ProviderToken | None:
         )
     except jwt.PyJWTError:
         return None
-    verified = ProviderToken(issued, hashlib.sha256(raw).hexdigest()[:16])
+    verified = ProviderToken(
+        issued, hashlib.sha256(raw).hexdigest()[:16], key.key_id, str(issuer), key.scope
+    )
     if len(state.verified_jwts) > 10_000:
         state.verified_jwts.clear()
     state.verified_jwts[raw] = verified
@@ -101,8 +106,11 @@ def _header_problem(request: Request, apns_id: bytes) -> str | None:
         return "MissingTopic"
     if headers.get(b"apns-push-type", b"alert") not in PUSH_TYPES:
         return "InvalidPushType"
-    if headers.get(b"apns-priority", b"10") not in (b"1", b"5", b"10"):
+    priority = headers.get(b"apns-priority", b"10")
+    if priority not in (b"1", b"5", b"10"):
         return "BadPriority"
+    if priority == b"10" and headers.get(b"apns-push-type") == b"background":
+        return "BadPriority"  # Apple: a background notification must not be sent at 10
     if not headers.get(b"apns-expiration", b"0").isdigit():
         return "BadExpirationDate"
     if b"apns-id" in headers and not _UUID.match(apns_id):
@@ -148,6 +156,9 @@ def apns_send(state: SandboxState, request: Request, device_token: str) -> Reply
             document = None
         if not isinstance(document, dict) or not isinstance(document.get("aps"), dict):
             problem = "PayloadEmpty"
+    topic = request.headers.get(b"apns-topic", b"").decode("latin-1")
+    if problem is None and provider.topics and topic not in provider.topics:
+        problem = "TopicDisallowed"  # the key's team has no app of this bundle id
     if problem is not None:
         return refusal(problem, apns_id)
     state.attempted(device_token)
@@ -162,6 +173,8 @@ def apns_send(state: SandboxState, request: Request, device_token: str) -> Reply
         headers.get(b"apns-push-type", b"alert").decode("latin-1"),
         provider.fingerprint,
         request.http_version,
+        headers.get(b"apns-priority", b"10").decode("latin-1"),
+        headers.get(b"apns-expiration", b"").decode("latin-1"),
     )
     state.accept(
         Delivery(
@@ -172,6 +185,7 @@ def apns_send(state: SandboxState, request: Request, device_token: str) -> Reply
             request.body,
             now,
             extra,
+            (provider.key_id, provider.team_id),
         )
     )
     return Reply(200, ((b"apns-id", apns_id),), b"", delayed=True)

@@ -26,7 +26,7 @@ from campaign_trigger.delivery.base import MAX_PAYLOAD_BYTES
 from campaign_trigger.delivery.credentials import GOOGLE_TOKEN_URI
 from campaign_trigger.delivery.sandbox_exchange import JSON_TYPE, Reply, Request, json_reply
 from campaign_trigger.delivery.sandbox_rules import bad_request, fcm_outcome, google_error
-from campaign_trigger.delivery.sandbox_state import Delivery, SandboxState
+from campaign_trigger.delivery.sandbox_state import AccessToken, Delivery, SandboxState
 
 LEEWAY_SECONDS: Final = 60
 MAX_ASSERTION_LIFETIME: Final = 3600
@@ -82,6 +82,7 @@ def _check_assertion(state: SandboxState, assertion: str, audience: str) -> dict
                 algorithms=["RS256"],
                 options={"verify_aud": False, "verify_exp": False, "verify_iat": False},
             )
+            signer = candidate.key_id
             break
         except jwt.PyJWTError:
             continue
@@ -101,7 +102,7 @@ def _check_assertion(state: SandboxState, assertion: str, audience: str) -> dict
         or not 0 < lifetime <= MAX_ASSERTION_LIFETIME
     ):
         return _grant_error("invalid_grant", SHORT_LIVED)
-    return {"header": header, "claims": claims}
+    return {"header": header, "claims": claims, "key_id": signer}
 
 
 def token_endpoint(state: SandboxState, request: Request) -> Reply:
@@ -120,13 +121,15 @@ def token_endpoint(state: SandboxState, request: Request) -> Reply:
     claims = checked["claims"]
     scopes = set(str(claims["scope"]).split())
     token = state.issue_access_token(
-        client_email=str(claims["iss"]), may_send=bool(scopes & SEND_SCOPES)
+        client_email=str(claims["iss"]),
+        may_send=bool(scopes & SEND_SCOPES),
+        key_id=str(checked["key_id"]),
     )
     body = {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
     return json_reply(200, body)
 
 
-def _authorised(state: SandboxState, request: Request) -> Reply | None:
+def _authorised(state: SandboxState, request: Request) -> Reply | AccessToken:
     scheme, _, token = request.headers.get(b"authorization", b"").partition(b" ")
     entry = state.access_tokens.get(token.decode("latin-1"))
     if scheme.lower() != b"bearer" or entry is None or entry.expires_at < time.monotonic():
@@ -138,20 +141,27 @@ def _authorised(state: SandboxState, request: Request) -> Reply | None:
                 403, "PERMISSION_DENIED", "Request had insufficient authentication scopes."
             ),
         )
-    return None
+    return entry
+
+
+def _project_denied(project: str) -> Reply:
+    denied = (
+        f"Permission 'cloudmessaging.messages.create' denied on resource "
+        f"'//cloudresourcemanager.googleapis.com/projects/{project}' (or it may not exist)."
+    )
+    return json_reply(403, google_error(403, "PERMISSION_DENIED", denied))
 
 
 def fcm_send(state: SandboxState, request: Request, project: str) -> Reply:
     """``POST /v1/projects/{project}/messages:send``."""
-    refusal = _authorised(state, request)
-    if refusal is not None:
-        return refusal
+    access = _authorised(state, request)
+    if isinstance(access, Reply):
+        return access
+    signer = state.keys.get("google", access.key_id)
+    if signer is not None and not signer.allows(project):  # another project's account
+        return _project_denied(project)
     if project.startswith("denied-"):
-        denied = (
-            f"Permission 'cloudmessaging.messages.create' denied on resource "
-            f"'//cloudresourcemanager.googleapis.com/projects/{project}' (or it may not exist)."
-        )
-        return json_reply(403, google_error(403, "PERMISSION_DENIED", denied))
+        return _project_denied(project)
     try:
         document: dict[str, Any] = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
@@ -182,7 +192,19 @@ def fcm_send(state: SandboxState, request: Request, project: str) -> Reply:
         )
     collapse = schema.collapse_id(message)
     now = time.time_ns()
-    state.accept(Delivery("android", target, message_id, collapse, request.body, now / 1e9, None))
+    state.accept(
+        Delivery(
+            "android",
+            target,
+            message_id,
+            collapse,
+            request.body,
+            now / 1e9,
+            None,
+            (access.key_id, access.client_email),
+            project,
+        )
+    )
     name = b"projects/%s/messages/0:%d%%%s%x" % (
         project.encode(),
         now // 1000,

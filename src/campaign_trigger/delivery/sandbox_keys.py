@@ -5,7 +5,11 @@ they belong to) and ``google`` (RSA service-account keys that sign OAuth asserti
 by key id, with the service account's e-mail). The ring starts with the service's own
 sandbox keys (``sandbox_files.py``) and grows with ``POST /sandbox/keys``, which
 accepts a PEM public key, or a private key whose public half is kept (an Apple ``.p8``
-is what Apple's console hands out). Registered keys are kept in
+is what Apple's console hands out). A key may be bound to what it may send to, as in
+Google's and Apple's consoles: a service account to its Firebase project
+(``project_id``; a send to another project is ``PERMISSION_DENIED``), an APNs key to
+bundle ids (``topics``; another topic is ``TopicDisallowed``); unbound keys send
+anywhere. Registered keys are kept in
 ``CT_HOME/sandbox-keys.json`` (public keys only) so a restarted sandbox still knows them.
 """
 
@@ -42,6 +46,11 @@ class KnownKey:
     owner: str | None  # APNs team id / service-account e-mail; None: anyone's
     public_key: PublicKey
     source: Literal["service", "registered"]
+    scope: tuple[str, ...] = ()  # the projects / topics it may send to; () = any
+
+    def allows(self, target: str) -> bool:
+        """Whether this key may send to ``target`` (a Firebase project, an APNs topic)."""
+        return not self.scope or target in self.scope
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /sandbox/keys`` shows."""
@@ -49,10 +58,12 @@ class KnownKey:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         owner = "team_id" if self.kind == "apns" else "client_email"
+        scope = "topics" if self.kind == "apns" else "project_ids"
         return {
             "kind": self.kind,
             "key_id": self.key_id,
             owner: self.owner,
+            scope: list(self.scope),
             "source": self.source,
             "public_key": pem.decode(),
         }
@@ -96,6 +107,7 @@ class KeyRing:
                     key_id=entry["key_id"],
                     pem=entry["public_key"],
                     owner=entry.get("owner"),
+                    scope=tuple(entry.get("scope") or ()),
                     persist=False,
                 )
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -109,6 +121,7 @@ class KeyRing:
         pem: str,
         owner: str | None = None,
         source: Literal["service", "registered"] = "registered",
+        scope: tuple[str, ...] = (),
         persist: bool = True,
     ) -> KnownKey:
         """Know ``pem``'s public key as ``key_id`` (replacing a key of that id)."""
@@ -116,7 +129,11 @@ class KeyRing:
             raise KeyRejected("kind must be 'apns' or 'google'")
         if not key_id or len(key_id) > 128:
             raise KeyRejected("key_id must be 1 to 128 characters")
-        known = KnownKey(kind, key_id, owner or None, load_public_key(pem, kind), source)
+        if any(not isinstance(item, str) or not item for item in scope):
+            raise KeyRejected("project_id / topics must be non-empty strings")
+        known = KnownKey(
+            kind, key_id, owner or None, load_public_key(pem, kind), source, tuple(scope)
+        )
         with self._lock:
             self._keys[(kind, key_id)] = known
             if persist and source == "registered" and self._store is not None:
@@ -129,6 +146,7 @@ class KeyRing:
                 "kind": key.kind,
                 "key_id": key.key_id,
                 "owner": key.owner,
+                "scope": list(key.scope),
                 "public_key": key.describe()["public_key"],
             }
             for key in self._keys.values()

@@ -125,12 +125,23 @@ class Router:
         fields = (document.get("key_id"), document.get("pem"), owner)
         if not all(isinstance(value, str | None) for value in fields):
             return _error(400, "key_id, pem, team_id and client_email must be strings")
+        if kind == "google":
+            project = document.get("project_id")
+            if not isinstance(project, str | None):
+                return _error(400, "project_id must be a string")
+            scope: tuple[str, ...] = (project,) if project else ()
+        else:
+            topics = document.get("topics") or []
+            if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+                return _error(400, "topics must be a list of strings")
+            scope = tuple(topics)
         try:
             known = self.state.keys.add(
                 kind=kind,
                 key_id=str(document.get("key_id") or ""),
                 pem=str(document.get("pem") or ""),
                 owner=owner,
+                scope=scope,
             )
         except KeyRejected as exc:
             return _error(400, str(exc))

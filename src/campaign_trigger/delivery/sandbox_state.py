@@ -31,13 +31,17 @@ class Delivery(NamedTuple):
     collapse_id: str | None
     payload: bytes  # FCM: the request body; APNs: the JSON payload
     received_at: float
-    apns: tuple[str, str, str, str] | None  # topic, push type, provider token id, HTTP version
+    # topic, push type, provider token id, HTTP version, apns-priority, apns-expiration
+    apns: tuple[str, str, str, str, str, str] | None
+    signer: tuple[str, str] = ("", "")  # the key id that signed, its team id / account e-mail
+    project: str = ""  # FCM: the project of the send's URL
 
 
 class AccessToken(NamedTuple):
     expires_at: float  # time.monotonic()
     client_email: str
     may_send: bool  # its scopes allow FCM sends
+    key_id: str = ""  # the service-account key that signed the assertion
 
 
 class SandboxState:
@@ -75,11 +79,11 @@ class SandboxState:
         return self.latency_ms / 1000
 
     # access tokens ------------------------------------------------------------------
-    def issue_access_token(self, *, client_email: str, may_send: bool) -> str:
+    def issue_access_token(self, *, client_email: str, may_send: bool, key_id: str = "") -> str:
         """A new ``ya29.`` bearer token valid for :data:`ACCESS_TOKEN_TTL_SECONDS`."""
         token = f"ya29.sandbox-{secrets.token_urlsafe(24)}"
         expires = time.monotonic() + ACCESS_TOKEN_TTL_SECONDS
-        self.access_tokens[token] = AccessToken(expires, client_email, may_send)
+        self.access_tokens[token] = AccessToken(expires, client_email, may_send, key_id)
         return token
 
     # deliveries ---------------------------------------------------------------------
@@ -155,17 +159,27 @@ def _describe(delivery: Delivery) -> dict[str, Any]:
         "data": data or {},
         "payload": payload,
         "received_at": delivery.received_at,
+        "key_id": delivery.signer[0],
+        **_signer_fields(delivery),
         **_apns_fields(delivery.apns),
     }
 
 
-def _apns_fields(apns: tuple[str, str, str, str] | None) -> dict[str, str]:
+def _signer_fields(delivery: Delivery) -> dict[str, str]:
+    if delivery.platform == "android":
+        return {"client_email": delivery.signer[1], "project": delivery.project}
+    return {"team_id": delivery.signer[1]}
+
+
+def _apns_fields(apns: tuple[str, str, str, str, str, str] | None) -> dict[str, str]:
     if apns is None:
         return {}
-    topic, push_type, provider_token_id, http_version = apns
+    topic, push_type, provider_token_id, http_version, priority, expiration = apns
     return {
         "topic": topic,
         "push_type": push_type,
         "provider_token_id": provider_token_id,
         "http_version": http_version,
+        "priority": priority,
+        "expiration": expiration,
     }

@@ -96,7 +96,16 @@ class InboxItem(BaseModel):
     request_id: str
     title: str
     body: str
+    data: dict[str, str] = Field(
+        default_factory=dict,
+        description="The campaign's data, rendered for the user (e.g. a deep link)",
+    )
+    image: str | None = Field(default=None, description="The image URL, if any")
     sent_at: datetime
+    expires_at: datetime | None = Field(
+        default=None,
+        description="Not returned after this time (the campaign's TTL); null: never expires",
+    )
 
 
 class InboxPage(BaseModel):

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import csv
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from campaign_trigger.errors import AdminError, InvalidInput
+from campaign_trigger.errors import AdminError
 from campaign_trigger.services import devices
+from campaign_trigger.services.campaign_content import CampaignContent
 from campaign_trigger.services.passwords import hash_password
-from campaign_trigger.services.templates import template_variables
 from campaign_trigger.store.models import (
     Account,
     App,
@@ -118,8 +118,11 @@ def create_campaign(
     title: str,
     body: str,
     campaign_id: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Campaign:
-    """A draft API-trigger campaign; its variables are the ``{{ name }}`` of title and body."""
+    """A draft API-trigger campaign; its variables are the ``{{ name }}`` of its title,
+    body, data values and image (``options``: the other fields of
+    :class:`~campaign_trigger.services.campaign_content.CampaignContent`)."""
     org = get_org(session=session, name=org_name)
     checked_channel = _choice(Channel, channel, "channel")
     if not app_ids:
@@ -129,27 +132,68 @@ def create_campaign(
     missing = [app_id for app_id in app_ids if app_id not in found]
     if missing:
         raise AdminError(f"Unknown app {missing[0]!r} in organisation {org_name!r}")
-    if not title.strip() and not body.strip():
-        raise AdminError("A campaign needs a title or a body")
     try:
-        variables = template_variables(title, body)
-    except InvalidInput as exc:
-        raise AdminError(exc.message) from None
+        content = CampaignContent(title=title, body=body).changed(**(options or {}))
+    except TypeError as exc:
+        raise AdminError(f"Unknown campaign field: {exc}") from None
+    _check_channel(checked_channel, content)
     if campaign_id is not None:
         if not campaign_id.strip():
             raise AdminError("Campaign id must not be empty")
         if session.get(Campaign, campaign_id) is not None:
             raise AdminError(f"Campaign {campaign_id!r} already exists")
     assert org.id is not None
-    campaign = Campaign(
-        org_id=org.id, channel=checked_channel, title=title, body=body, variables=variables
-    )
+    campaign = Campaign(org_id=org.id, channel=checked_channel, title=title, body=body)
+    content.apply(campaign)
     if campaign_id is not None:
         campaign.id = campaign_id
     session.add(campaign)
     session.flush()
     for app_id in dict.fromkeys(app_ids):
         session.add(CampaignApp(campaign_id=campaign.id, app_id=app_id))
+    session.flush()
+    return campaign
+
+
+def _check_channel(channel: Channel, content: CampaignContent) -> None:
+    """In-app messages take the data, image and TTL of a campaign, not the push options."""
+    if channel != Channel.inapp:
+        return
+    pushed = [
+        name
+        for name in ("sound", "badge", "interruption_level", "thread_id", "category")
+        if getattr(content, name) is not None
+    ]
+    if content.silent:
+        pushed.append("silent")
+    if content.priority != "high":
+        pushed.append("priority")
+    if pushed:
+        raise AdminError(
+            f"An in-app campaign has no {', '.join(pushed)}: those are push options "
+            "(in-app messages take --data, --image and --ttl)"
+        )
+
+
+def update_campaign(*, session: Session, campaign_id: str, changes: Mapping[str, Any]) -> Campaign:
+    """Change a draft campaign's content (an empty string clears an optional field)."""
+    campaign = session.get(Campaign, campaign_id)
+    if campaign is None:
+        raise AdminError(f"Unknown campaign {campaign_id!r}")
+    if campaign.state != CampaignState.draft:
+        raise AdminError(
+            f"Campaign {campaign_id!r} is {campaign.state.value}: only a draft campaign "
+            "can be changed (its requests were checked against what it sends)"
+        )
+    if not changes:
+        raise AdminError("Nothing to change: give at least one option")
+    try:
+        content = CampaignContent.of(campaign).changed(**changes)
+    except TypeError as exc:
+        raise AdminError(f"Unknown campaign field: {exc}") from None
+    _check_channel(campaign.channel, content)
+    content.apply(campaign)
+    session.add(campaign)
     session.flush()
     return campaign
 

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,12 +29,22 @@ import pyarrow as pa
 from sqlmodel import Session
 
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery.base import PushMessage, PushProvider, PushResult
-from campaign_trigger.delivery.providers import pooled_provider, release_provider
-from campaign_trigger.services import audience, devices, outcome_log
+from campaign_trigger.delivery.base import (
+    FP_ERR_PUSH_FAILED,
+    PushMessage,
+    PushOptions,
+    PushResult,
+)
+from campaign_trigger.delivery.providers import (
+    ProviderFor,
+    pooled_provider,
+    provider_lease,
+    release_provider,
+)
+from campaign_trigger.services import app_credentials, audience, devices, outcome_log
 from campaign_trigger.services.inbox import InboxEntry
 from campaign_trigger.services.message_file import USER_FIELD
-from campaign_trigger.services.render import render_column
+from campaign_trigger.services.render import compile_template, render_column
 from campaign_trigger.store.models import Channel
 
 logger = logging.getLogger(__name__)
@@ -53,6 +63,9 @@ class ChunkJob:
     chunk_no: int
     chunk_size: int
     send_at: datetime
+    data: tuple[tuple[str, str], ...] = ()  # the campaign's data: (key, template) pairs
+    image: str | None = None  # the campaign's image URL template
+    options: PushOptions = field(default_factory=PushOptions)
 
     @property
     def first_row(self) -> int:
@@ -102,10 +115,35 @@ def _auth_refused(app_id: str) -> outcome_log.Write:
     return lambda s: devices.flag_auth_failed(session=s, app_id=app_id)
 
 
-ProviderFor = Callable[[Settings, audience.AppTarget], PushProvider]
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """A chunk's rendered templates: one value per message row."""
+
+    titles: list[str]
+    bodies: list[str]
+    data: list[dict[str, str]]  # per row: ours and the campaign's data
+    images: list[str]
+
+
+def _render(job: ChunkJob, chunk: pa.Table) -> _Rendered:
+    """Title, body, data values and image of every row (a constant template once)."""
+    ours = {"request_id": job.request_id, "campaign_id": job.campaign_id}
+    rows = chunk.num_rows
+    if any(compile_template(template).names for _, template in job.data):
+        columns = {key: render_column(template, chunk) for key, template in job.data}
+        data = [ours | {key: values[row] for key, values in columns.items()} for row in range(rows)]
+    else:  # the same for every row: one mapping, encoded once per chunk
+        data = [ours | dict(job.data)] * rows
+    return _Rendered(
+        titles=render_column(job.title, chunk),
+        bodies=render_column(job.body, chunk),
+        data=data,
+        images=render_column(job.image, chunk) if job.image else [""] * rows,
+    )
 
 
 async def _send_push(
+    session: Session,
     settings: Settings,
     job: ChunkJob,
     targets: Sequence[audience.Target],
@@ -115,9 +153,7 @@ async def _send_push(
     provider_for: ProviderFor,
 ) -> None:
     """Send every target still to send, app by app, recording each answer."""
-    titles = render_column(job.title, chunk)
-    bodies = render_column(job.body, chunk)
-    data = {"request_id": job.request_id, "campaign_id": job.campaign_id}
+    rendered = _render(job, chunk)
 
     async def record(result: PushResult) -> None:
         target = targets[result.key]
@@ -131,23 +167,38 @@ async def _send_push(
             PushMessage(
                 key=i,
                 token=t.token,
-                title=titles[t.row],
-                body=bodies[t.row],
-                data=data,
+                title=rendered.titles[t.row],
+                body=rendered.bodies[t.row],
+                data=rendered.data[t.row],
                 collapse_id=collapse_id(job.request_id, job.first_row + t.row, t.device_id),
+                image=rendered.images[t.row],
+                options=job.options,
             )
             for i, t in enumerate(targets)
             if t.app_id == app.app_id
         ]
         if not messages:
             continue
-        provider = provider_for(settings, app)
+        # Read at every chunk: a rotation of the app's credentials applies from the next one.
+        credentials = await asyncio.to_thread(
+            app_credentials.provider_credentials,
+            session=session,
+            settings=settings,
+            app_id=app.app_id,
+            platform=app.platform,
+        )
         await sleep_until(job.send_at)  # everything is ready: never send before send_at
-        await provider.send_many(messages, on_result=record)
-        if provider.auth_failed:
-            logger.warning("provider refused our credentials for an app of the campaign")
-            recorder.also(_auth_refused(app.app_id))
-            await release_provider(settings, app)
+        if credentials is None:
+            logger.error("app %s has no usable push credentials: not sent", app.app_id)
+            for message in messages:
+                await record(PushResult(message.key, FP_ERR_PUSH_FAILED, None, None))
+            continue
+        async with provider_lease(settings, app, credentials, provider_for) as provider:
+            await provider.send_many(messages, on_result=record)
+            if provider.auth_failed:
+                logger.warning("provider refused the credentials of app %s", app.app_id)
+                recorder.also(_auth_refused(app.app_id))
+                await release_provider(settings, app)
 
 
 async def _publish_inapp(
@@ -158,8 +209,7 @@ async def _publish_inapp(
     counts: Counter[str],
 ) -> bool:
     """Publish the chunk's in-app messages with its report rows, in one transaction."""
-    titles = render_column(job.title, chunk)
-    bodies = render_column(job.body, chunk)
+    rendered = _render(job, chunk)
     await sleep_until(job.send_at)
     now = datetime.now(UTC)
     rows = [_row(job, t, error=t.error_message, sent_at=now) for t in targets]
@@ -170,8 +220,10 @@ async def _publish_inapp(
             user_id=t.user_id,
             request_id=job.request_id,
             campaign_id=job.campaign_id,
-            title=titles[t.row],
-            body=bodies[t.row],
+            title=rendered.titles[t.row],
+            body=rendered.bodies[t.row],
+            data={key: rendered.data[t.row][key] for key, _ in job.data},
+            image=rendered.images[t.row] or None,
         )
         for t in targets
         if not t.error_message
@@ -185,6 +237,7 @@ async def _publish_inapp(
         rows=rows,
         inbox=inbox,
         published_at=now,
+        ttl_seconds=job.options.ttl_seconds,
     )
 
 
@@ -239,7 +292,7 @@ async def process_chunk(
             [_row(job, t, error=t.error_message, sent_at=None) for t in known]
         )
         to_send = [t for t in todo if not t.error_message]
-        await _send_push(settings, job, to_send, chunk, recorder, counts, provider_for)
+        await _send_push(session, settings, job, to_send, chunk, recorder, counts, provider_for)
         await recorder.finish()
     except BaseException:
         await recorder.abandon()

@@ -17,8 +17,10 @@ from sqlalchemy import update
 from sqlmodel import Session, col
 
 from campaign_trigger.config import Settings
+from campaign_trigger.delivery.base import PushOptions
 from campaign_trigger.errors import CampaignTriggerError, RequestNotFound
 from campaign_trigger.services import audience, request_states
+from campaign_trigger.services.campaign_content import push_options
 from campaign_trigger.services.delivering import ChunkJob
 from campaign_trigger.services.outcome_log import recorded_chunks
 from campaign_trigger.store.models import Campaign, Channel, Request, RequestState
@@ -42,6 +44,9 @@ class DeliveryPlan:
     message_count: int
     chunk_size: int
     chunk_count: int
+    data: tuple[tuple[str, str], ...] = ()  # the campaign's data templates
+    image: str | None = None  # the image URL template
+    options: PushOptions = field(default_factory=PushOptions)
     recorded: set[int] = field(default_factory=set)
     canceled: bool = False
 
@@ -56,6 +61,9 @@ class DeliveryPlan:
             chunk_no=chunk_no,
             chunk_size=self.chunk_size,
             send_at=self.send_at,
+            data=self.data,
+            image=self.image,
+            options=self.options,
         )
 
 
@@ -99,6 +107,9 @@ def read_plan(*, session: Session, request_id: str) -> DeliveryPlan:
         message_count=request.message_count,
         chunk_size=request.chunk_size,
         chunk_count=audience.chunk_count(request.message_count, request.chunk_size),
+        data=tuple(campaign.data.items()),
+        image=campaign.image,
+        options=push_options(campaign),
         recorded=recorded_chunks(session=session, request_id=request_id),
     )
 

@@ -82,6 +82,7 @@ def seed(*, session: Session, home: Path) -> DemoTenant:
         title="Hello {{ first_name }}",
         body="Your order {{ order_id }} ships today.",
         campaign_id=CAMPAIGN_ID,
+        options={"data": {"link": "demo://orders/{{ order_id }}"}},  # a deep link per user
     )
     admin.launch_campaign(session=session, campaign_id=CAMPAIGN_ID)
     tenant = DemoTenant(

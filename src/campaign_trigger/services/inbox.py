@@ -7,14 +7,15 @@ per call are fine), with one ``published_at`` for the batch, and returns that ti
 chunk's inbox rows and its outcome rows can be committed together. :func:`fetch_inbox`
 is the SDK's read, newest first, paginated by an opaque cursor: only the messages meant
 for the user logged in on the device now (none while nobody is), so the next person to
-use a shared device never reads the previous user's messages.
+use a shared device never reads the previous user's messages. An entry of a campaign
+with a TTL expires ``ttl`` seconds after its publication: it is no longer returned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert
 from sqlmodel import Session, col, or_, select
@@ -35,13 +36,22 @@ class InboxEntry:
     campaign_id: str
     title: str
     body: str
+    data: Mapping[str, str] = field(default_factory=dict)
+    image: str | None = None
 
 
 def publish_inapp(
-    *, session: Session, rows: Iterable[InboxEntry], published_at: datetime | None = None
+    *,
+    session: Session,
+    rows: Iterable[InboxEntry],
+    published_at: datetime | None = None,
+    ttl_seconds: int | None = None,
 ) -> datetime:
-    """Insert the rows into the inbox in bulk; returns the publish time (the ``sent_at``)."""
+    """Insert the rows into the inbox in bulk; returns the publish time (the ``sent_at``).
+
+    With ``ttl_seconds`` the entries expire that long after it."""
     when = published_at or datetime.now(UTC)
+    expires = None if ttl_seconds is None else when + timedelta(seconds=ttl_seconds)
     values = [
         {
             "app_id": row.app_id,
@@ -51,7 +61,10 @@ def publish_inapp(
             "campaign_id": row.campaign_id,
             "title": row.title,
             "body": row.body,
+            "data": dict(row.data),
+            "image": row.image,
             "published_at": when,
+            "expires_at": expires,
         }
         for row in rows
     ]
@@ -92,9 +105,10 @@ def fetch_inbox(
     user_id: str | None,
     limit: int = 50,
     cursor: str | None = None,
+    now: datetime | None = None,
 ) -> tuple[list[InboxMessage], str | None]:
-    """A page of the device's messages for ``user_id`` (the user logged in on it; None:
-    nobody, no messages), newest first, and the cursor of the next page."""
+    """A page of the device's unexpired messages for ``user_id`` (the user logged in on
+    it; None: nobody, no messages), newest first, and the cursor of the next page."""
     limit = max(1, min(limit, MAX_PAGE))
     if user_id is None:
         if cursor:
@@ -104,6 +118,10 @@ def fetch_inbox(
         InboxMessage.app_id == app_id,
         InboxMessage.device_id == device_id,
         InboxMessage.user_id == user_id,
+        or_(
+            col(InboxMessage.expires_at).is_(None),
+            col(InboxMessage.expires_at) > (now or datetime.now(UTC)),
+        ),
     )
     if cursor:
         before, before_id = _parse_cursor(cursor)

@@ -114,6 +114,7 @@ def record_whole_chunk(
     rows: Sequence[dict[str, Any]],
     inbox: Sequence[InboxEntry],
     published_at: datetime,
+    ttl_seconds: int | None = None,
 ) -> bool:
     """Outcomes, inbox rows and the chunk's mark in one transaction; False if recorded."""
     try:
@@ -125,7 +126,9 @@ def record_whole_chunk(
         if rows:
             session.connection().execute(insert(_OUTCOMES), list(rows))
         if inbox:
-            publish_inapp(session=session, rows=inbox, published_at=published_at)
+            publish_inapp(
+                session=session, rows=inbox, published_at=published_at, ttl_seconds=ttl_seconds
+            )
         session.commit()
     except IntegrityError:
         session.rollback()

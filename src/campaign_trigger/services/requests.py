@@ -21,7 +21,7 @@ from sqlmodel import Session, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, CampaignNotReady, Conflict, InvalidInput
-from campaign_trigger.services import lookup, scheduling
+from campaign_trigger.services import app_credentials, audience, lookup, scheduling
 from campaign_trigger.services.ingest import ingest_message_file
 from campaign_trigger.services.json_text import as_text
 from campaign_trigger.services.message_file import write_messages
@@ -39,6 +39,7 @@ from campaign_trigger.store.files import Storage, messages_key, upload_key
 from campaign_trigger.store.models import (
     Campaign,
     CampaignState,
+    Channel,
     MessageSource,
     Request,
     RequestMessage,
@@ -156,6 +157,11 @@ def _create(
             return earlier
     campaign_id = check_campaign_id(trigger.campaign_id)
     campaign = ready_campaign(session=session, org_id=org_id, campaign_id=campaign_id)
+    if campaign.channel == Channel.push:
+        apps = audience.campaign_apps(session=session, campaign_id=campaign_id)
+        app_credentials.check_sendable(
+            session=session, settings=settings, app_ids=[app.app_id for app in apps]
+        )
     session.commit()  # hold no transaction open while a large file is checked
     variables = list(campaign.variables)
     send_at = resolve_send_at(trigger.send_at, now=now)

@@ -83,6 +83,23 @@ class RequestState(enum.StrEnum):
     failed = "failed"
 
 
+class PushService(enum.StrEnum):
+    fcm = "fcm"
+    apns = "apns"
+
+
+class ApnsEnvironment(enum.StrEnum):
+    """Which APNs endpoint an iOS app's tokens belong to."""
+
+    production = "production"
+    development = "development"
+
+
+class PushPriority(enum.StrEnum):
+    high = "high"
+    normal = "normal"
+
+
 class MessageSource(enum.StrEnum):
     json = "json"
     csv = "csv"
@@ -142,6 +159,31 @@ class App(SQLModel, table=True):
     )
 
 
+class AppCredentials(SQLModel, table=True):
+    """An app's own provider credentials (``services/app_credentials.py``).
+
+    The secret — the whole service-account JSON for FCM, the ``.p8`` key for APNs — is
+    only ever stored sealed (AES-256-GCM, ``services/sealed.py``); the other columns are
+    what an operator may see. ``version`` grows with every change: a worker's pooled
+    provider of an older version is replaced at its next chunk.
+    """
+
+    app_id: str = Field(foreign_key="app.app_id", primary_key=True, max_length=200)
+    service: PushService = Field(sa_type=_enum(PushService))
+    key_id: str = Field(max_length=128)  # FCM private_key_id / APNs key id
+    project_id: str | None = Field(default=None, max_length=200)  # FCM
+    client_email: str | None = Field(default=None, max_length=320)  # FCM
+    team_id: str | None = Field(default=None, max_length=64)  # APNs
+    topic: str | None = Field(default=None, max_length=200)  # APNs bundle id
+    environment: ApnsEnvironment | None = Field(default=None, sa_type=_enum(ApnsEnvironment))
+    public_key_sha256: str = Field(max_length=64)  # fingerprint of the public half
+    sealed_secret: str = Field(sa_column=Column(Text, nullable=False))
+    version: int = Field(default=1, ge=1)
+    updated_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
 class Campaign(SQLModel, table=True):
     """An API-trigger campaign: a template sent to one or more apps."""
 
@@ -151,6 +193,17 @@ class Campaign(SQLModel, table=True):
     state: CampaignState = Field(default=CampaignState.draft, sa_type=_enum(CampaignState))
     title: str = Field(sa_column=Column(Text, nullable=False))
     body: str = Field(sa_column=Column(Text, nullable=False))
+    # key -> template, rendered per user like title and body (push data / in-app data)
+    data: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    image: str | None = Field(default=None, sa_column=Column(Text, nullable=True))  # a template
+    sound: str | None = Field(default=None, max_length=200)
+    badge: int | None = Field(default=None, ge=0)
+    priority: PushPriority = Field(default=PushPriority.high, sa_type=_enum(PushPriority))
+    ttl_seconds: int | None = Field(default=None, ge=0)  # push expiry; in-app expires_at
+    interruption_level: str | None = Field(default=None, max_length=32)
+    thread_id: str | None = Field(default=None, max_length=200)
+    category: str | None = Field(default=None, max_length=200)
+    silent: bool = False  # APNs background push / FCM data-only message
     variables: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     created_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
@@ -288,8 +341,13 @@ class InboxMessage(SQLModel, table=True):
     campaign_id: str = Field(max_length=64)
     title: str = Field(sa_column=Column(Text, nullable=False))
     body: str = Field(sa_column=Column(Text, nullable=False))
+    data: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    image: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     published_at: datetime = Field(
         default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+    expires_at: datetime | None = Field(  # from the campaign's TTL; not shown after it
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
     )
 
 

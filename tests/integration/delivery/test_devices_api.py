@@ -232,3 +232,45 @@ def test_publishing_thousands_of_inbox_rows_is_one_bulk_insert(android_app: App)
         sent_at = publish_inapp(session=session, rows=rows)
     assert time.monotonic() - started < 5
     assert datetime.now(UTC) - sent_at < timedelta(seconds=10)
+
+
+def test_inbox_entries_carry_data_and_image_and_expired_ones_are_left_out(
+    api: str, android_app: App
+) -> None:
+    secret = secret_of(register(api, android_app, "dev-e", "tok-e"))
+    headers = key(android_app, secret)
+    login = httpx.put(
+        f"{api}/api/apps/{android_app.app_id}/devices/dev-e/user",
+        json={"user_id": "u-e"},
+        headers=headers,
+    )
+    assert login.status_code == 200, login.text
+
+    def entry(title: str) -> InboxEntry:
+        return InboxEntry(
+            android_app.app_id,
+            "dev-e",
+            "u-e",
+            "req-e",
+            "camp",
+            title,
+            "B",
+            data={"link": f"app://orders/{title}"},
+            image=f"https://cdn.example/{title}.png",
+        )
+
+    now = datetime.now(UTC)
+    with session_scope() as session:
+        earlier = now - timedelta(hours=2)  # its TTL of an hour has passed
+        publish_inapp(session=session, rows=[entry("gone")], published_at=earlier, ttl_seconds=3600)
+        publish_inapp(session=session, rows=[entry("kept")], published_at=now, ttl_seconds=3600)
+        publish_inapp(session=session, rows=[entry("forever")], published_at=now)
+    answer = httpx.get(f"{api}/api/inapp/messages", params={"device_id": "dev-e"}, headers=headers)
+    assert answer.status_code == 200, answer.text
+    shown = {m["title"]: m for m in answer.json()["messages"]}
+    assert set(shown) == {"kept", "forever"}
+    kept = shown["kept"]
+    assert kept["data"] == {"link": "app://orders/kept"}
+    assert kept["image"] == "https://cdn.example/kept.png"
+    assert datetime.fromisoformat(kept["expires_at"]) == now + timedelta(hours=1)
+    assert shown["forever"]["expires_at"] is None

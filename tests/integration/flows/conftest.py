@@ -19,10 +19,13 @@ from support import ManagedProcess, free_port
 def sandbox_session() -> Iterator[tuple[str, SandboxState]]:
     port = free_port()
     os.environ["CT_SANDBOX_PORT"] = str(port)
+    # Apps given credentials of their own send with them to the sandbox, not to Google/Apple.
+    os.environ["CT_SEND_TO_SANDBOX"] = "true"
     get_settings.cache_clear()
     with running_sandbox(port=port) as state:
         yield f"http://127.0.0.1:{port}", state
     os.environ.pop("CT_SANDBOX_PORT", None)
+    os.environ.pop("CT_SEND_TO_SANDBOX", None)
     get_settings.cache_clear()
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from campaign_trigger.delivery.base import MAX_PAYLOAD_BYTES, PushMessage
+from campaign_trigger.delivery.base import MAX_PAYLOAD_BYTES, PushMessage, PushOptions
 from campaign_trigger.delivery.payload import PayloadError, apns_body, fcm_body
 
 
@@ -34,10 +34,13 @@ def test_fcm_body_is_a_v1_message_with_token_notification_data_and_android() -> 
     }
 
 
-def test_fcm_body_omits_empty_data_and_takes_android_options() -> None:
-    document = json.loads(fcm_body(message(data={}), android={"ttl": "3600s"}))
+def test_fcm_body_omits_empty_data_and_takes_the_campaigns_options() -> None:
+    timed = PushMessage(
+        key=0, token="t", title="a", body="b", data={}, options=PushOptions(ttl_seconds=3600)
+    )
+    document = json.loads(fcm_body(timed))
     assert "data" not in document["message"]
-    assert document["message"]["android"] == {"ttl": "3600s"}
+    assert document["message"]["android"] == {"priority": "high", "ttl": "3600s"}
 
 
 def test_fcm_body_carries_the_collapse_identity_as_the_notification_tag() -> None:
@@ -45,8 +48,6 @@ def test_fcm_body_carries_the_collapse_identity_as_the_notification_tag() -> Non
     android = json.loads(fcm_body(collapsing))["message"]["android"]
     assert android == {"priority": "high", "notification": {"tag": "0f" * 16}}
     assert "collapse_key" not in android  # FCM drops all but four keys per offline device
-    alone = json.loads(fcm_body(collapsing, android={}))["message"]["android"]
-    assert alone == {"notification": {"tag": "0f" * 16}}
 
 
 def test_apns_body_has_an_alert_and_the_data_at_top_level() -> None:
@@ -101,3 +102,96 @@ def test_unserialisable_messages_raise_payload_error(bad: PushMessage) -> None:
     if bad.data.get("aps") is None:
         with pytest.raises(PayloadError):
             fcm_body(bad)
+
+
+FULL = PushOptions(
+    priority="normal",
+    ttl_seconds=300,
+    sound="chime.caf",
+    badge=3,
+    interruption_level="time-sensitive",
+    thread_id="orders",
+    category="ORDER",
+)
+
+
+def full(options: PushOptions = FULL) -> PushMessage:
+    return PushMessage(
+        key=0,
+        token="t",
+        title="Code",
+        body="123456",
+        data={"link": "app://orders/7"},
+        collapse_id="c1",
+        image="https://cdn.example/7.png",
+        options=options,
+    )
+
+
+def test_every_campaign_field_has_its_fcm_v1_name() -> None:
+    document = json.loads(fcm_body(full()))
+    assert document == {
+        "message": {
+            "token": "t",
+            "notification": {
+                "title": "Code",
+                "body": "123456",
+                "image": "https://cdn.example/7.png",
+            },
+            "data": {"link": "app://orders/7"},
+            "android": {
+                "priority": "normal",
+                "ttl": "300s",
+                "notification": {
+                    "sound": "chime.caf",
+                    "notification_count": 3,
+                    "click_action": "ORDER",
+                    "notification_priority": "PRIORITY_HIGH",
+                    "tag": "c1",
+                },
+            },
+        }
+    }
+
+
+def test_every_campaign_field_has_its_apns_name() -> None:
+    document = json.loads(apns_body(full()))
+    assert document == {
+        "aps": {
+            "alert": {"title": "Code", "body": "123456"},
+            "sound": "chime.caf",
+            "badge": 3,
+            "thread-id": "orders",
+            "category": "ORDER",
+            "interruption-level": "time-sensitive",
+            "mutable-content": 1,
+        },
+        "image": "https://cdn.example/7.png",
+        "link": "app://orders/7",
+    }
+
+
+def test_a_silent_push_is_data_only_on_fcm_and_content_available_on_apns() -> None:
+    silent = PushMessage(
+        key=0,
+        token="t",
+        title="",
+        body="",
+        data={"sync": "orders"},
+        collapse_id="c1",
+        options=PushOptions(silent=True, priority="normal", ttl_seconds=60),
+    )
+    assert json.loads(fcm_body(silent))["message"] == {
+        "token": "t",
+        "data": {"sync": "orders"},
+        "android": {"priority": "normal", "ttl": "60s"},
+    }
+    assert json.loads(apns_body(silent)) == {"aps": {"content-available": 1}, "sync": "orders"}
+
+
+def test_the_image_key_is_taken_in_apns_payloads() -> None:
+    clash = PushMessage(
+        key=0, token="t", title="a", body="b", data={"image": "x"}, image="https://i/x.png"
+    )
+    with pytest.raises(PayloadError):
+        apns_body(clash)

@@ -14,9 +14,10 @@ from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery.base import PushMessage, PushResult
+from campaign_trigger.delivery.providers import ProviderFor
 from campaign_trigger.services import delivery_run, outcome_log
 from campaign_trigger.services.audience import AppTarget
-from campaign_trigger.services.delivering import ProviderFor, process_chunk
+from campaign_trigger.services.delivering import process_chunk
 from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -105,7 +106,7 @@ def _deliver(
     session: Session, settings: Settings, request_id: str, chunk: pa.Table, provider: FakeProvider
 ) -> Any:
     plan = delivery_run.start_delivery(session=session, settings=settings, request_id=request_id)
-    provider_for: ProviderFor = lambda _settings, _app: provider  # noqa: E731
+    provider_for: ProviderFor = lambda _settings, _app, _credentials: provider  # noqa: E731
     return asyncio.run(
         process_chunk(
             session=session,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,102 @@ def test_requests_messages_and_outcomes_survive_the_exactly_once_migration_on_po
     postgres_url: str,
 ) -> None:
     _upgrade_with_requests(postgres_url)
+
+
+def _credentials_migration(url: str) -> None:
+    """0004 adds the sealed credentials of apps beside the existing apps, and drops them."""
+    upgrade(url, "0003")
+    when = "2026-01-01 00:00:00.000000"
+    with engine_for(url).begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+                "VALUES (1, 'o', 1, 'monthly', :when)"
+            ),
+            {"when": when},
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO app (app_id, org_id, platform, sdk_key, identity_key, "
+                "identity_verification, created_at) VALUES ('a', 1, 'ios', 'k', 'i', false, :when)"
+            ),
+            {"when": when},
+        )
+    upgrade(url)
+    with engine_for(url).begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO appcredentials (app_id, service, key_id, team_id, topic, "
+                "environment, public_key_sha256, sealed_secret, version, updated_at) "
+                "VALUES ('a', 'apns', 'K', 'T', 'com.x.y', 'production', 'f', 'v1.x', 1, :when)"
+            ),
+            {"when": when},
+        )
+        # one row per app
+        with pytest.raises(sa.exc.IntegrityError), connection.begin_nested():
+            connection.execute(
+                sa.text(
+                    "INSERT INTO appcredentials (app_id, service, key_id, "
+                    "public_key_sha256, sealed_secret, version, updated_at) "
+                    "VALUES ('a', 'fcm', 'K', 'f', 'v1.x', 1, :when)"
+                ),
+                {"when": when},
+            )
+    downgrade(url, "0003")
+    assert "appcredentials" not in _tables(url)
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM app")).scalar() == 1
+
+
+def test_app_credentials_migrate_up_and_down(tmp_path: Path) -> None:
+    _credentials_migration(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_app_credentials_migrate_up_and_down_on_postgres(postgres_url: str) -> None:
+    _credentials_migration(postgres_url)
+
+
+def _payload_migration(url: str) -> None:
+    """0005: existing campaigns send what they sent, existing inbox entries never expire."""
+    upgrade(url, "0004")
+    when = "2026-01-01 00:00:00.000000"
+    with engine_for(url).begin() as connection:
+        for statement in (
+            "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+            "VALUES (1, 'o', 1, 'monthly', :when)",
+            "INSERT INTO campaign (id, org_id, channel, state, title, body, variables, "
+            "created_at) VALUES ('c', 1, 'push', 'started', 't', 'b', '[]', :when)",
+            "INSERT INTO inboxmessage (app_id, device_id, user_id, request_id, campaign_id, "
+            "title, body, published_at) VALUES ('a', 'd', 'u', 'r', 'c', 't', 'b', :when)",
+        ):
+            connection.execute(sa.text(statement), {"when": when})
+    upgrade(url)
+    with engine_for(url).connect() as connection:
+        campaign = connection.execute(
+            sa.text(
+                "SELECT data, image, sound, badge, priority, ttl_seconds, interruption_level, "
+                "thread_id, category, silent FROM campaign"
+            )
+        ).one()
+        entry = connection.execute(
+            sa.text("SELECT data, image, expires_at FROM inboxmessage")
+        ).one()
+    data = campaign[0] if isinstance(campaign[0], dict) else json.loads(campaign[0])
+    assert (data, *campaign[1:9], bool(campaign[9])) == (
+        {}, None, None, None, "high", None, None, None, None, False
+    )  # fmt: skip
+    entry_data = entry[0] if isinstance(entry[0], dict) else json.loads(entry[0])
+    assert (entry_data, entry[1], entry[2]) == ({}, None, None)
+    downgrade(url, "0004")
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT title FROM campaign")).scalar() == "t"
+
+
+def test_complete_payload_columns_migrate_with_defaults(tmp_path: Path) -> None:
+    _payload_migration(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_complete_payload_columns_migrate_with_defaults_on_postgres(postgres_url: str) -> None:
+    _payload_migration(postgres_url)
