@@ -18,6 +18,7 @@ users see, verbatim from the spec where the spec has one::
     │   └── SignInThrottled         too many failed sign-ins for the account or address
     ├── Conflict                409: e.g. an idempotency key reused with another body
     ├── ServiceUnavailable      503: a part the call needs is missing (nothing was done)
+    ├── ReportWaitFailed        send_batch(wait=True): stored and scheduled, the wait failed
     └── AdminError              a refused admin command (CLI)
 """
 
@@ -102,6 +103,13 @@ class Conflict(CampaignTriggerError):
 
 class ServiceUnavailable(CampaignTriggerError):
     """A part the call needs is missing or down; nothing was done."""
+
+    status_code = 503
+
+
+class ReportWaitFailed(CampaignTriggerError):
+    """A batch was stored and scheduled, but waiting for its report failed: the message
+    names the request, which must not be sent again."""
 
     status_code = 503
 

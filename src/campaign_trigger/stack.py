@@ -145,6 +145,10 @@ def prefect_env(settings: Settings) -> dict[str, str]:
         "PREFECT_UI_API_URL": api,
         "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # http://127.0.0.1:4200 opens the UI docs/prefect-ui.md describes and shows (the
+        # classic one: the send-batch form field by field, Cancel in the run's menu), not
+        # Prefect 3.8's new UI under /v2, whose run form is one JSON editor.
+        "PREFECT_SERVER_UI_V2_ENABLED": "false",
     }
 
 

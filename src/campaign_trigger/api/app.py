@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import FastAPI
@@ -48,6 +50,49 @@ async def _prefect_ok() -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+PROVIDER_CHECK_SECONDS = 2.0
+
+
+async def _reachable(url: str) -> str:
+    """ "ok" when a TCP connection to ``url``'s host and port is accepted, else why not."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(PROVIDER_CHECK_SECONDS):
+            _, writer = await asyncio.open_connection(parts.hostname, port)
+    except TimeoutError:
+        return f"no answer from {parts.hostname}:{port} in {PROVIDER_CHECK_SECONDS:.0f} s"
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
+        return f"{why} ({parts.hostname}:{port})"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return "ok"
+
+
+async def _providers() -> dict[str, dict[str, str]]:
+    """Whether this process can reach the push providers it would send to (the sandbox
+    when no credentials are configured): FCM with its token endpoint, and APNs."""
+    settings = get_settings()
+    fcm, fcm_token, apns = await asyncio.gather(
+        _reachable(settings.fcm_base_url),
+        _reachable(settings.fcm_token_uri),
+        _reachable(settings.apns_base_url),
+    )
+    fcm_error = next((e for e in (fcm, fcm_token) if e != "ok"), None)
+    return {
+        "fcm": _provider_state(settings.fcm_base_url, fcm_error),
+        "apns": _provider_state(settings.apns_base_url, None if apns == "ok" else apns),
+    }
+
+
+def _provider_state(url: str, error: str | None) -> dict[str, str]:
+    if error is None:
+        return {"status": "ok", "url": url}
+    return {"status": "unreachable", "url": url, "error": error}
 
 
 @contextlib.asynccontextmanager
@@ -99,15 +144,27 @@ def create_app() -> FastAPI:
     app.include_router(files.router)
     app.include_router(devices.router)
 
-    @app.get("/health", tags=["health"], responses={503: {"description": "Database down"}})
+    @app.get(
+        "/health",
+        tags=["health"],
+        responses={
+            200: {"description": "The API serves; `status` is `degraded` when a part is not ok"},
+            503: {"description": "The database is unreachable: this API cannot serve"},
+        },
+    )
     async def read_health() -> JSONResponse:
-        """The state of the database and of the Prefect server."""
+        """The state of each dependency: the database, the Prefect server and the push
+        providers (FCM with its token endpoint, APNs: reachable or not, with the URL and
+        the error). `status` is `ok` only when every part is; the answer is 503 only
+        when the database is down."""
         database = _database_ok()
-        prefect = await _prefect_ok()
+        prefect, providers = await asyncio.gather(_prefect_ok(), _providers())
+        healthy = database and prefect and all(p["status"] == "ok" for p in providers.values())
         body: dict[str, Any] = {
-            "status": "ok" if database else "degraded",
+            "status": "ok" if healthy else "degraded",
             "database": "ok" if database else "unreachable",
             "prefect": "ok" if prefect else "unreachable",
+            "providers": providers,
             "version": __version__,
         }
         return JSONResponse(body, status_code=200 if database else 503)

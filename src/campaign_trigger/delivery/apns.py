@@ -54,6 +54,7 @@ class ApnsProvider(RetryingSender):
             max_attempts=max_attempts,
             backoff_base=backoff_base,
         )
+        self.endpoint = credentials.base_url
         self.tokens = ApnsProviderTokens(credentials, reuse_seconds=jwt_reuse_seconds, clock=clock)
         connections = max_connections or max(2, -(-concurrency // STREAMS_PER_CONNECTION))
         self.pool = H2Pool(

@@ -90,14 +90,19 @@ class GoogleAccessTokens:
         try:
             response = await self._client.post(self._credentials.token_uri, data=form)
         except httpx.HTTPError as exc:
-            raise AuthUnavailable(f"token endpoint unreachable: {type(exc).__name__}") from None
+            raise AuthUnavailable(
+                f"token endpoint {self._credentials.token_uri} unreachable: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
         self.fetches += 1
         if response.status_code in (400, 401, 403):
             raise AuthRefused(
                 f"token endpoint refused the service account ({response.status_code})"
             )
         if response.status_code != 200:
-            raise AuthUnavailable(f"token endpoint answered {response.status_code}")
+            raise AuthUnavailable(
+                f"token endpoint {self._credentials.token_uri} answered {response.status_code}"
+            )
         try:
             document = response.json()
             token = str(document["access_token"])

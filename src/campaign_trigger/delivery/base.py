@@ -74,12 +74,14 @@ class PushResult:
     error_message: str  # "" on success, else one of the FPErr* values
     sent_at: datetime | None  # UTC, when the provider accepted it
     unregistered_at: datetime | None  # set when the token came back unregistered
+    reason: str = ""  # why it failed, for the operator's logs (never in a report)
 
 
 class PushProvider(Protocol):
     """A push service client for one app (FCM for Android, APNs for iOS)."""
 
     platform: Platform
+    endpoint: str  # the provider's base URL, named in the logs of failed sends
 
     async def send_many(
         self,

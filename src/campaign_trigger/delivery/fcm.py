@@ -45,6 +45,7 @@ class FcmProvider(RetryingSender):
             max_attempts=max_attempts,
             backoff_base=backoff_base,
         )
+        self.endpoint = credentials.base_url
         self.pool = Http1Pool(
             credentials.base_url, timeout_seconds=timeout_seconds, ca_file=credentials.ca_file
         )

@@ -304,7 +304,7 @@ class H2Pool:
                 self._timeout,
             )
         except (OSError, TimeoutError) as exc:
-            raise TransportError(f"connect failed: {type(exc).__name__}") from None
+            raise TransportError(f"connect failed: {type(exc).__name__}: {exc}") from None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(connection.settings_received), self._timeout)
         self.connections_opened += 1

@@ -149,7 +149,7 @@ class Http1Pool:
                 self._timeout,
             )
         except (OSError, TimeoutError) as exc:
-            raise TransportError(f"connect failed: {type(exc).__name__}") from None
+            raise TransportError(f"connect failed: {type(exc).__name__}: {exc}") from None
         self._all.add(connection)
         self.connections_opened += 1
         return connection

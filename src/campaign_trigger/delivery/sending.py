@@ -31,7 +31,7 @@ import logging
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from campaign_trigger.delivery.auth import AuthRefused, AuthUnavailable
@@ -41,7 +41,7 @@ from campaign_trigger.delivery.base import (
     PushMessage,
     PushResult,
 )
-from campaign_trigger.delivery.mapping import TRANSIENT, Verdict, retry_after_seconds
+from campaign_trigger.delivery.mapping import Verdict, retry_after_seconds
 from campaign_trigger.delivery.payload import PayloadError
 from campaign_trigger.store.models import Platform
 
@@ -73,6 +73,7 @@ class RetryingSender(ABC):
     """Base of the push clients: implements :meth:`send_many` of the provider protocol."""
 
     platform: Platform
+    endpoint: str = ""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class RetryingSender(ABC):
         self._backoff_cap = backoff_cap
         self._retry_after_cap = retry_after_cap
         self._auth_failed = False
+        self._auth_reason = ""
         self._slots: asyncio.Semaphore | None = None
 
     @property
@@ -152,13 +154,19 @@ class RetryingSender(ABC):
             await asyncio.gather(*(worker() for _ in range(workers)))
         return [result for result in results if result is not None]
 
-    def _failed(self, message: PushMessage) -> PushResult:
-        return PushResult(message.key, FP_ERR_PUSH_FAILED, None, None)
+    def _failed(self, message: PushMessage, reason: str) -> PushResult:
+        return PushResult(message.key, FP_ERR_PUSH_FAILED, None, None, reason)
 
     def _flag_auth(self, why: str) -> None:
         if not self._auth_failed:
-            log.error("%s provider refused the app's credentials: %s", self.platform.value, why)
-        self._auth_failed = True
+            log.error(
+                "%s provider at %s refused the app's credentials: %s",
+                self.platform.value,
+                self.endpoint,
+                why,
+            )
+            self._auth_failed = True
+            self._auth_reason = f"credentials refused: {why}"
 
     async def _send_one(self, message: PushMessage, body: bytes) -> PushResult:
         tries = 0
@@ -166,20 +174,20 @@ class RetryingSender(ABC):
         refreshed = False
         while True:
             if self._auth_failed:
-                return self._failed(message)
+                return self._failed(message, self._auth_reason)
             retry_after: str | None = None
             try:
                 answer = await self._post(message, body)
-            except NotProcessed:
+            except NotProcessed as exc:
                 not_processed += 1
                 if not_processed <= 4 * self._max_attempts:
                     continue
-                verdict = TRANSIENT
+                verdict = Verdict(FP_ERR_PUSH_FAILED, retry=True, reason=f"not processed: {exc}")
             except AuthRefused as exc:
                 self._flag_auth(str(exc))
-                return self._failed(message)
-            except (TransportError, AuthUnavailable, TimeoutError):
-                verdict = TRANSIENT
+                return self._failed(message, self._auth_reason)
+            except (TransportError, AuthUnavailable, TimeoutError) as exc:
+                verdict = Verdict(FP_ERR_PUSH_FAILED, retry=True, reason=_describe(exc))
             else:
                 verdict = self._map(answer)
                 retry_after = answer.retry_after
@@ -189,18 +197,22 @@ class RetryingSender(ABC):
                         self._refresh(answer.credential)
                         continue
                     verdict = Verdict(FP_ERR_PUSH_FAILED, auth_failed=True, reason=verdict.reason)
+                if verdict.error_message and not verdict.reason:
+                    verdict = replace(verdict, reason=f"HTTP {answer.status}")
             if verdict.auth_failed:
                 self._flag_auth(verdict.reason)
-                return self._failed(message)
+                return self._failed(message, self._auth_reason)
             if verdict.retry:
                 tries += 1
                 if tries >= self._max_attempts:
-                    return self._failed(message)
+                    return self._failed(message, f"{verdict.reason} (after {tries} tries)")
                 await asyncio.sleep(self._delay(tries, retry_after))
                 continue
             if not verdict.error_message:
                 return PushResult(message.key, "", datetime.now(UTC), None)
-            return PushResult(message.key, verdict.error_message, None, verdict.unregistered_at)
+            return PushResult(
+                message.key, verdict.error_message, None, verdict.unregistered_at, verdict.reason
+            )
 
     def _delay(self, tries: int, retry_after: str | None) -> float:
         asked = retry_after_seconds(retry_after)
@@ -208,3 +220,11 @@ class RetryingSender(ABC):
             return float(min(asked, self._retry_after_cap))
         backoff: float = min(self._backoff_cap, self._backoff_base * 2.0 ** (tries - 1))
         return backoff * random.uniform(0.5, 1.0)
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as the operator needs it: its kind and its text."""
+    text = str(exc)
+    if isinstance(exc, TimeoutError):
+        return f"timed out{': ' + text if text else ''}"
+    return text or type(exc).__name__

@@ -35,7 +35,7 @@ from prefect.context import FlowRunContext
 from prefect.utilities.asyncutils import run_coro_as_sync
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
-from campaign_trigger.errors import CampaignTriggerError
+from campaign_trigger.errors import CampaignTriggerError, ReportWaitFailed
 from campaign_trigger.schemas.api import Message
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.tasks import send_batch as steps
@@ -217,7 +217,19 @@ def send_batch(
     steps.schedule_delivery()
     result = SendBatchResult(request_id=accepted.request_id)
     if wait:
-        result.reports = steps.wait_for_report(accepted, timeout_seconds=wait_timeout_seconds)
+        try:
+            result.reports = steps.wait_for_report(accepted, timeout_seconds=wait_timeout_seconds)
+        except Exception as exc:
+            # The batch is stored and will be delivered: an error now must say so, with
+            # the request id, or a caller who retries would send it twice.
+            if accepted.request_id in str(exc):
+                raise
+            raise ReportWaitFailed(
+                f"The request {accepted.request_id} is stored and will be delivered, but "
+                f"waiting for its report failed ({type(exc).__name__}: {exc}); do not send "
+                f"it again: ask for its report later (GET /api/campaigns/report?request_id="
+                f"{accepted.request_id})"
+            ) from exc
         run_logger.info(
             "request %s delivered: %d report files", accepted.request_id, len(result.reports)
         )

@@ -33,6 +33,7 @@ from campaign_trigger.delivery.base import (
     FP_ERR_PUSH_FAILED,
     PushMessage,
     PushOptions,
+    PushProvider,
     PushResult,
 )
 from campaign_trigger.delivery.providers import (
@@ -45,7 +46,7 @@ from campaign_trigger.services import app_credentials, audience, devices, outcom
 from campaign_trigger.services.inbox import InboxEntry
 from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.render import compile_template, render_column
-from campaign_trigger.store.models import Channel
+from campaign_trigger.store.models import Channel, Platform
 
 logger = logging.getLogger(__name__)
 
@@ -194,11 +195,38 @@ async def _send_push(
                 await record(PushResult(message.key, FP_ERR_PUSH_FAILED, None, None))
             continue
         async with provider_lease(settings, app, credentials, provider_for) as provider:
-            await provider.send_many(messages, on_result=record)
+            results = await provider.send_many(messages, on_result=record)
+            _log_failures(job, app, provider, results)
             if provider.auth_failed:
                 logger.warning("provider refused the credentials of app %s", app.app_id)
                 recorder.also(_auth_refused(app.app_id))
                 await release_provider(settings, app)
+
+
+def _log_failures(
+    job: ChunkJob, app: audience.AppTarget, provider: PushProvider, results: Sequence[PushResult]
+) -> None:
+    """One line per app and chunk whose pushes failed: where they went and why, so that a
+    provider nobody can reach (a sandbox not started, a wrong URL) is not a silent
+    column of ``FPErrPushFailed``."""
+    reasons = Counter(
+        r.reason or "no reason given" for r in results if r.error_message == FP_ERR_PUSH_FAILED
+    )
+    if not reasons:
+        return
+    why = "; ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
+    logger.warning(
+        "request %s chunk %d app %s: %d of %d pushes failed (%s) at %s %s: %s",
+        job.request_id,
+        job.chunk_no,
+        app.app_id,
+        sum(reasons.values()),
+        len(results),
+        FP_ERR_PUSH_FAILED,
+        "FCM" if app.platform == Platform.android else "APNs",
+        provider.endpoint,
+        why,
+    )
 
 
 async def _publish_inapp(

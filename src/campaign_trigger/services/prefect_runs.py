@@ -8,6 +8,7 @@ id as name and idempotency key, so a repeated create returns the same run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,42 +79,82 @@ def run_tags(*, campaign_id: str, org_id: int) -> list[str]:
     return [f"campaign:{campaign_id}", f"org:{org_id}"]
 
 
+# A SQLite-backed Prefect server refuses a run at once when another writer holds its
+# database ("database is locked": its bulk route reads, then writes, in a deferred
+# transaction); such runs are posted again after a short pause, then left in the outbox.
+BUSY_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+_BUSY_SIGNS = ("database is locked", "database is busy")
+
+
+def _is_busy(error: str) -> bool:
+    return any(sign in error for sign in _BUSY_SIGNS)
+
+
+def _short(error: str) -> str:
+    """The first line of a server-side error, without the SQL and parameters it dumps."""
+    return error.split("\n", 1)[0].split(" [SQL:", 1)[0][:300]
+
+
+async def _post_bulk(
+    client: PrefectClient, dep_id: UUID, runs: Sequence[RunToCreate]
+) -> list[dict[str, Any]]:
+    body = [
+        {
+            "name": run.request_id,
+            "parameters": {"request_id": run.request_id},
+            "state": {
+                "type": "SCHEDULED",
+                "name": "Scheduled",
+                "state_details": {"scheduled_time": run.send_at.isoformat()},
+            },
+            "tags": run_tags(campaign_id=run.campaign_id, org_id=run.org_id),
+            "idempotency_key": run.request_id,
+        }
+        for run in runs
+    ]
+    response = await client.request(
+        "POST",
+        "/deployments/{id}/create_flow_run/bulk",  # type: ignore[arg-type]
+        path_params={"id": dep_id},
+        json=body,
+    )
+    results: list[dict[str, Any]] = response.json()["results"]
+    return results
+
+
 async def create_runs(client: PrefectClient, runs: Sequence[RunToCreate]) -> dict[str, str]:
     """Create (or find, by idempotency key) the flow runs; request id -> flow run id.
 
-    Uses the server's bulk route, at most ``BULK_LIMIT`` runs per call. Requests whose
-    run could not be created are missing from the answer (they stay in the outbox).
+    Uses the server's bulk route, at most ``BULK_LIMIT`` runs per call; runs the server
+    refused because its database was busy are posted again (``BUSY_RETRY_DELAYS``).
+    Requests whose run could not be created are missing from the answer (they stay in
+    the outbox, and the next pass tries again).
     """
     created: dict[str, str] = {}
     dep_id = await deployment_id(client)
     for start in range(0, len(runs), BULK_LIMIT):
-        batch = runs[start : start + BULK_LIMIT]
-        body = [
-            {
-                "name": run.request_id,
-                "parameters": {"request_id": run.request_id},
-                "state": {
-                    "type": "SCHEDULED",
-                    "name": "Scheduled",
-                    "state_details": {"scheduled_time": run.send_at.isoformat()},
-                },
-                "tags": run_tags(campaign_id=run.campaign_id, org_id=run.org_id),
-                "idempotency_key": run.request_id,
-            }
-            for run in batch
-        ]
-        response = await client.request(
-            "POST",
-            "/deployments/{id}/create_flow_run/bulk",  # type: ignore[arg-type]
-            path_params={"id": dep_id},
-            json=body,
-        )
-        results: list[dict[str, Any]] = response.json()["results"]
-        for run, result in zip(batch, results, strict=True):
-            if result.get("status") == "CREATED" and result.get("flow_run_id"):
-                created[run.request_id] = str(result["flow_run_id"])
-            else:
-                logger.warning("flow run not created for a request: %s", result.get("error"))
+        pending = list(runs[start : start + BULK_LIMIT])
+        for delay in (*BUSY_RETRY_DELAYS, None):
+            busy: list[RunToCreate] = []
+            results = await _post_bulk(client, dep_id, pending)
+            for run, result in zip(pending, results, strict=True):
+                error = str(result.get("error") or "")
+                if result.get("status") == "CREATED" and result.get("flow_run_id"):
+                    created[run.request_id] = str(result["flow_run_id"])
+                elif _is_busy(error):
+                    busy.append(run)
+                else:
+                    logger.warning("flow run not created for a request: %s", _short(error))
+            if not busy or delay is None:
+                break
+            pending = busy
+            await asyncio.sleep(delay)
+        if busy:
+            logger.info(
+                "%d flow runs not created yet (the Prefect server was busy): they stay in "
+                "the outbox for the next pass",
+                len(busy),
+            )
     return created
 
 

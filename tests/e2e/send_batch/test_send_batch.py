@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -160,6 +161,30 @@ def test_send_batch_from_python_waits_and_returns_the_report_links(
     assert request is not None
     assert request.org_id is not None
     assert request.message_count == len(tenant.users)
+
+
+def test_a_call_that_stored_its_batch_names_the_request_when_the_wait_fails(
+    stack: RunningStack, same_settings_as_stack: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.exceptions import ObjectNotFound
+
+    from campaign_trigger.tasks import send_batch as steps
+
+    async def lost(_request_id: str) -> None:
+        raise ObjectNotFound(None)  # what the Prefect client raised in issue 17
+
+    monkeypatch.setattr(steps, "_final_state", lost)
+    tenant = seed_tenant()
+    batch = SendBatchInput(
+        campaign_id=tenant.campaign_id,
+        messages=[Message.model_validate(m) for m in messages(tenant)],
+    )
+    with pytest.raises(Exception, match="is stored and will be delivered") as raised:
+        send_batch(batch, wait=True)
+    [request_id] = re.findall(r"The request (\w+) is stored", str(raised.value))
+    assert "do not send it again" in str(raised.value)
+    request = wait_processed(request_id)  # it was sent: the error said so
+    assert request.campaign_id == tenant.campaign_id
 
 
 def test_the_ui_form_json_creates_a_request_that_is_delivered_with_a_report(

@@ -52,9 +52,7 @@ def test_up_serves_the_stack_and_stops_cleanly(tmp_path: Path) -> None:
         assert time.monotonic() - started < 90
         health = httpx.get(f"http://127.0.0.1:{ports['api']}/health").json()
         assert health["database"] == "ok"
-        ui = httpx.get(f"http://127.0.0.1:{ports['prefect']}/", timeout=10)
-        assert ui.status_code == 200
-        assert "<html" in ui.text.lower()
+        _the_ui_that_opens_is_the_documented_one(ports["prefect"])
         assert httpx.get(f"http://127.0.0.1:{ports['sandbox']}/sandbox/stats").status_code == 200
 
         demo = json.loads((home / "demo.json").read_text())
@@ -91,6 +89,20 @@ def test_up_serves_the_stack_and_stops_cleanly(tmp_path: Path) -> None:
         assert alive == [], f"left behind: {alive}\n{stack.log_tail()}"
     finally:
         stack.stop()
+
+
+def _the_ui_that_opens_is_the_documented_one(port: int) -> None:
+    """A browser without a saved choice lands in the classic UI (docs/prefect-ui.md), not
+    in Prefect's new one under /v2."""
+    ui = f"http://127.0.0.1:{port}"
+    landing = httpx.get(f"{ui}/", headers={"Accept": "text/html", "Sec-Fetch-Mode": "navigate"})
+    assert landing.status_code == 200, (landing.status_code, landing.headers)
+    assert "<html" in landing.text.lower()
+    settings = httpx.get(f"{ui}/ui-settings").json()
+    assert settings["default_ui"] == "v1", settings
+    deployments = httpx.get(f"{ui}/deployments", headers={"Accept": "text/html"})
+    assert deployments.status_code == 200
+    assert "/v2" not in str(deployments.url)
 
 
 def _kill_the_worker_and_deliver_after_its_restart(

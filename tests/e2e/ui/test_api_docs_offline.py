@@ -1,9 +1,12 @@
 """The API's OpenAPI pages in Debian's chromium (Playwright) with every request off this
 machine refused, as on a self-hosted box without internet: Swagger UI and ReDoc render
-the API from assets the service serves itself, and ask nothing of any other host."""
+the API from assets the service serves itself, and ask nothing of any other host.
+Screenshots go to a temporary folder; ``make screenshots`` (``CT_SCREENSHOTS_DIR=docs/img``)
+writes the ones the docs show."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SHOTS = Path(__file__).resolve().parents[3] / "docs" / "img"
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,12 @@ def api(session_dir: Path) -> Iterator[Server]:
         server.process.stop()
 
 
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: a temporary folder, or ``CT_SCREENSHOTS_DIR`` (make screenshots)."""
+    return Path(os.environ.get("CT_SCREENSHOTS_DIR") or tmp_path)
+
+
 def _offline_page(chromium: Any, refused: list[str]) -> Any:
     context = chromium.new_context(viewport={"width": 1280, "height": 900})
 
@@ -59,7 +67,7 @@ def _offline_page(chromium: Any, refused: list[str]) -> Any:
     return context.new_page()
 
 
-def test_swagger_ui_renders_offline(chromium: Any, api: Server) -> None:
+def test_swagger_ui_renders_offline(chromium: Any, api: Server, shots: Path) -> None:
     refused: list[str] = []
     page = _offline_page(chromium, refused)
     page.goto(f"{api.url}/docs")
@@ -69,11 +77,11 @@ def test_swagger_ui_renders_offline(chromium: Any, api: Server) -> None:
     paths = page.locator(".opblock-summary-path").all_inner_texts()
     assert any("/api/campaigns/trigger" in p for p in paths), paths
     assert any("/api/inapp/messages" in p for p in paths), paths
-    page.screenshot(path=str(SHOTS / "api-docs-offline.png"))
+    page.screenshot(path=str(shots / "api-docs-offline.png"))
     assert refused == []
 
 
-def test_redoc_renders_offline(chromium: Any, api: Server) -> None:
+def test_redoc_renders_offline(chromium: Any, api: Server, shots: Path) -> None:
     refused: list[str] = []
     page = _offline_page(chromium, refused)
     page.goto(f"{api.url}/redoc")
@@ -82,5 +90,5 @@ def test_redoc_renders_offline(chromium: Any, api: Server) -> None:
     page.wait_for_function(
         "document.body.innerText.includes('/api/campaigns/trigger')", timeout=30_000
     )
-    page.screenshot(path=str(SHOTS / "api-redoc-offline.png"))
+    page.screenshot(path=str(shots / "api-redoc-offline.png"))
     assert refused == []

@@ -180,6 +180,10 @@ def test_the_ui_shows_send_batch_and_a_delivered_request_with_its_summary(
 
     page = chromium.new_page(viewport={"width": 1400, "height": 950})
     try:
+        # The UI a browser lands in is the classic one the docs describe, not Prefect's
+        # new UI under /v2 (campaign-trigger up sets PREFECT_SERVER_UI_V2_ENABLED=false).
+        page.goto(f"{stack.ui}/", wait_until="networkidle")
+        assert "/v2" not in page.url, page.url
         page.goto(f"{stack.ui}/deployments", wait_until="networkidle")
         page.get_by_text("daily-csv-batch").first.wait_for()
         assert page.get_by_text("send-batch", exact=True).count() >= 1

@@ -4,16 +4,20 @@ sent, what is recorded, what a re-run skips, and what answers teach about device
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from sqlalchemy import insert
 from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery.base import PushMessage, PushResult
+from campaign_trigger.delivery.base import PushMessage, PushProvider, PushResult
+from campaign_trigger.delivery.credentials import fcm_credentials
+from campaign_trigger.delivery.fcm import FcmProvider
 from campaign_trigger.delivery.providers import ProviderFor
 from campaign_trigger.services import delivery_run, outcome_log
 from campaign_trigger.services.audience import AppTarget
@@ -24,12 +28,14 @@ from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.store.files import Storage
 from campaign_trigger.store.models import App, Device, Outcome, Platform
 from service_support import Org
+from support import free_port
 
 
 class FakeProvider:
     """Records what it was asked to send; answers by token prefix (like the sandbox)."""
 
     platform = Platform.android
+    endpoint = "http://fake-provider.test"
 
     def __init__(self, *, refuse_credentials: bool = False) -> None:
         self.sent: list[PushMessage] = []
@@ -103,7 +109,7 @@ def _chunk(users: list[str]) -> pa.Table:
 
 
 def _deliver(
-    session: Session, settings: Settings, request_id: str, chunk: pa.Table, provider: FakeProvider
+    session: Session, settings: Settings, request_id: str, chunk: pa.Table, provider: PushProvider
 ) -> Any:
     plan = delivery_run.start_delivery(session=session, settings=settings, request_id=request_id)
     provider_for: ProviderFor = lambda _settings, _app, _credentials: provider  # noqa: E731
@@ -187,6 +193,31 @@ def test_refused_credentials_flag_the_app(
     app = session.exec(select(App).where(App.app_id == org.app_id)).one()
     assert app.provider_auth_failed_at is not None
     assert _outcomes(session, request_id) == {"u0": "FPErrPushFailed"}
+
+
+def test_an_unreachable_provider_is_logged_with_its_url_and_the_error(
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    org: Org,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _devices(session, org, {"u0": "t0", "u1": "t1"})
+    request_id = _request(session, settings, storage, org, 2)
+    nobody = f"http://127.0.0.1:{free_port()}"  # a sandbox that was never started
+    unreachable = settings.model_copy(
+        update={"fcm_base_url": nobody, "fcm_token_uri": f"{nobody}/token"}
+    )
+    provider = FcmProvider(fcm_credentials(unreachable), max_attempts=2, backoff_base=0.01)
+    with caplog.at_level(logging.WARNING, logger="campaign_trigger.services.delivering"):
+        _deliver(session, settings, request_id, _chunk(["u0", "u1"]), provider)
+    asyncio.run(provider.aclose())
+    assert _outcomes(session, request_id) == {"u0": "FPErrPushFailed", "u1": "FPErrPushFailed"}
+    [line] = [r.getMessage() for r in caplog.records if "pushes failed" in r.getMessage()]
+    assert f"request {request_id} chunk 0 app {org.app_id}: 2 of 2 pushes failed" in line
+    assert f"FCM {nobody}" in line
+    assert f"token endpoint {nobody}/token unreachable: ConnectError" in line
+    assert "(after 2 tries) (2)" in line
 
 
 def test_the_apps_of_a_campaign_are_its_targets(session: Session, org: Org) -> None:
