@@ -150,7 +150,7 @@ def databases(work: Path) -> Iterator[list[tuple[str, str]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("-n", type=int, default=1_000_000, help="devices in the file")
-    parser.add_argument("--quick", action="store_true", help="-n 200000")
+    parser.add_argument("--quick", action="store_true", help="-n 200000 (no verdict)")
     args = parser.parse_args()
     n = 200_000 if args.quick else args.n
     target = TARGET_SECONDS_PER_MILLION * n / 1_000_000
@@ -176,11 +176,15 @@ def main() -> None:
                 bare = bare_copy(url, new_app(url), path)
             engine_for(url).dispose()
             for label, figure in (("insert", inserted), ("update", updated)):
-                met = figure.wall <= target
+                if n >= 1_000_000:
+                    verdict = "met" if figure.wall <= target else "NOT met"
+                    verdict = f"target <= {target:.1f} s: {verdict}"
+                else:  # fixed costs (imports, pyarrow's first calls) weigh on small files
+                    verdict = "target (15 s for 1 M): run with -n 1000000"
                 print(
                     f"  {name:10s} {label}: {figure.wall:6.2f} s wall, {figure.cpu:6.2f} s CPU"
                     f" | bare load {bare.wall:6.2f} s wall | ratio {figure.wall / bare.wall:.2f}"
-                    f" | target <= {target:.1f} s: {'met' if met else 'NOT met'}",
+                    f" | {verdict}",
                     flush=True,
                 )
     print(f"(load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")
