@@ -129,6 +129,8 @@ class GoawayServer:
     processed: list[str] = field(default_factory=list)  # the device tokens, in order
     connections: int = 0
     goaways: int = 0
+    # instead of GOAWAY, drop the connection (TCP reset) with the later streams in flight
+    abort: bool = False
 
 
 class _GoawayProtocol(asyncio.Protocol):
@@ -163,16 +165,21 @@ class _GoawayProtocol(asyncio.Protocol):
                 if self.done >= self.server.streams_per_connection:
                     self.gone = True
                     self.server.goaways += 1
-                    self.h2.close_connection(last_stream_id=stream_id)
-                    asyncio.get_running_loop().call_later(0.05, self.transport.close)
+                    loop = asyncio.get_running_loop()
+                    if self.server.abort:  # the answers so far leave first
+                        loop.call_later(0.05, self.transport.abort)
+                    else:
+                        self.h2.close_connection(last_stream_id=stream_id)
+                        loop.call_later(0.05, self.transport.close)
         if self.transport and not self.transport.is_closing():
             self.transport.write(self.h2.data_to_send())
 
 
-@pytest.fixture
-async def goaway_server() -> AsyncIterator[GoawayServer]:
-    """A :class:`GoawayServer` (10 streams per connection) on a free port."""
-    server = GoawayServer(streams_per_connection=10)
+@pytest.fixture(params=[False, True], ids=["goaway", "reset"])
+async def goaway_server(request: pytest.FixtureRequest) -> AsyncIterator[GoawayServer]:
+    """A :class:`GoawayServer` (10 streams per connection) on a free port: one that says
+    GOAWAY, and one that drops its connections without a word."""
+    server = GoawayServer(streams_per_connection=10, abort=request.param)
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(lambda: _GoawayProtocol(server), "127.0.0.1", 0)
     server.port = listener.sockets[0].getsockname()[1]
