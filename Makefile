@@ -30,6 +30,10 @@ check: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
+# Every benchmark of bench/ in quick mode; FULL=1 for the full sizes (the 1 M rows).
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py $(if $(FULL),--full,)
+
 # The Prefect UI screenshots of docs/prefect-ui.md (a browser test; needs Debian's chromium).
 screenshots: $(STAMP)
 	CT_SCREENSHOTS_DIR=$(CURDIR)/docs/img $(BIN)/pytest tests/e2e/ui -q

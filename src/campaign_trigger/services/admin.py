@@ -7,9 +7,8 @@ nothing (the caller's session is rolled back).
 
 from __future__ import annotations
 
-import csv
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,8 +16,12 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from campaign_trigger.errors import AdminError
-from campaign_trigger.services import devices
 from campaign_trigger.services.campaign_content import CampaignContent
+from campaign_trigger.services.device_import import (
+    Progress,
+    import_device_table,
+    read_device_file,
+)
 from campaign_trigger.services.passwords import hash_password
 from campaign_trigger.store.models import (
     Account,
@@ -32,11 +35,6 @@ from campaign_trigger.store.models import (
     Platform,
     Role,
 )
-
-DEVICE_COLUMNS = ("device_id", "user_id", "push_token", "opted_in", "logged_in")
-_TRUE = {"true", "1", "yes", "y", "t"}
-_FALSE = {"false", "0", "no", "n", "f"}
-
 
 E = TypeVar("E", Role, Platform, Channel)
 
@@ -235,55 +233,18 @@ def end_campaign(*, session: Session, campaign_id: str) -> Campaign:
     )
 
 
-def _bool(value: str, *, line: int, column: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise AdminError(f"Line {line}: {column} must be true or false, not {value!r}")
+def import_devices(
+    *, session: Session, app_id: str, path: Path, progress: Progress | None = None
+) -> int:
+    """Insert or update the devices of ``path`` (CSV) for an app; returns their number.
 
-
-def parse_device_rows(rows: Iterable[dict[str, str]]) -> list[dict[str, object]]:
-    """Check device CSV rows; the first bad one raises AdminError naming its line."""
-    parsed: list[dict[str, object]] = []
-    seen: set[str] = set()
-    for line, row in enumerate(rows, start=2):
-        device_id = (row.get("device_id") or "").strip()
-        if not device_id:
-            raise AdminError(f"Line {line}: device_id is empty")
-        if device_id in seen:
-            raise AdminError(f"Line {line}: device_id {device_id!r} appears twice")
-        seen.add(device_id)
-        if None in row.values() or None in row:
-            raise AdminError(f"Line {line}: wrong number of fields")
-        parsed.append(
-            {
-                "device_id": device_id,
-                "user_id": (row.get("user_id") or "").strip() or None,
-                "push_token": (row.get("push_token") or "").strip() or None,
-                "opted_in": _bool(row["opted_in"], line=line, column="opted_in"),
-                "logged_in": _bool(row["logged_in"], line=line, column="logged_in"),
-            }
-        )
-    return parsed
-
-
-def import_devices(*, session: Session, app_id: str, path: Path) -> int:
-    """Insert or update the devices of ``path`` (CSV) for an app; returns their number."""
+    The whole file is checked before anything is written (the first bad row refuses it);
+    the writes are bulk (see :mod:`campaign_trigger.services.device_import`)."""
     app = session.exec(select(App).where(App.app_id == app_id)).first()
     if app is None:
         raise AdminError(f"Unknown app {app_id!r}")
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            missing = [name for name in DEVICE_COLUMNS if name not in (reader.fieldnames or [])]
-            if missing:
-                raise AdminError(f"Device file lacks column(s): {', '.join(missing)}")
-            rows = parse_device_rows(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise AdminError(f"Cannot read {path}: {exc}") from None
-    return devices.upsert_devices(session=session, app_id=app_id, rows=rows)
+    table = read_device_file(path)
+    return import_device_table(session=session, app_id=app_id, devices=table, progress=progress)
 
 
 def count_devices(*, session: Session, app_id: str) -> int:

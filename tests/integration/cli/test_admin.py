@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pty
 import subprocess
 import sys
 import uuid
@@ -351,3 +354,33 @@ def test_identity_verification_is_shown_rotated_and_switched(android_app: str) -
 )
 def test_identity_commands_refuse_an_unknown_app(command: list[str]) -> None:
     assert "Unknown app" in refused(*command, "--app-id", "no-such-app")
+
+
+def test_import_devices_draws_a_progress_bar_on_a_terminal(
+    android_app: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "devices.csv"
+    rows = "".join(f"d{n},u{n},tok-{n},true,true\n" for n in range(120_000))
+    path.write_text("device_id,user_id,push_token,opted_in,logged_in\n" + rows)
+    command = Path(sys.executable).with_name("campaign-trigger")
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    process = subprocess.Popen(
+        [str(command), "admin", "import-devices", "--app-id", android_app, str(path)],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        env=env,
+    )
+    os.close(secondary)
+    output = b""
+    with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
+        while chunk := os.read(primary, 65536):
+            output += chunk
+    os.close(primary)
+    assert process.wait(timeout=120) == 0, output
+    text = output.decode(errors="replace")
+    assert "Importing devices" in text  # the bar, drawn on the terminal
+    assert "120000" in text or "120,000" in text, text
+    assert "Imported 120000 devices" in text
+    assert len(_devices(android_app)) == 120_000

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
+import h2.exceptions
 import h2.settings
 import httpx
 import pytest
@@ -127,6 +129,8 @@ class GoawayServer:
     processed: list[str] = field(default_factory=list)  # the device tokens, in order
     connections: int = 0
     goaways: int = 0
+    # instead of GOAWAY, drop the connection (TCP reset) with the later streams in flight
+    abort: bool = False
 
 
 class _GoawayProtocol(asyncio.Protocol):
@@ -161,18 +165,96 @@ class _GoawayProtocol(asyncio.Protocol):
                 if self.done >= self.server.streams_per_connection:
                     self.gone = True
                     self.server.goaways += 1
-                    self.h2.close_connection(last_stream_id=stream_id)
-                    asyncio.get_running_loop().call_later(0.05, self.transport.close)
+                    loop = asyncio.get_running_loop()
+                    if self.server.abort:  # the answers so far leave first
+                        loop.call_later(0.05, self.transport.abort)
+                    else:
+                        self.h2.close_connection(last_stream_id=stream_id)
+                        loop.call_later(0.05, self.transport.close)
         if self.transport and not self.transport.is_closing():
             self.transport.write(self.h2.data_to_send())
 
 
-@pytest.fixture
-async def goaway_server() -> AsyncIterator[GoawayServer]:
-    """A :class:`GoawayServer` (10 streams per connection) on a free port."""
-    server = GoawayServer(streams_per_connection=10)
+@pytest.fixture(params=[False, True], ids=["goaway", "reset"])
+async def goaway_server(request: pytest.FixtureRequest) -> AsyncIterator[GoawayServer]:
+    """A :class:`GoawayServer` (10 streams per connection) on a free port: one that says
+    GOAWAY, and one that drops its connections without a word."""
+    server = GoawayServer(streams_per_connection=10, abort=request.param)
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(lambda: _GoawayProtocol(server), "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    yield server
+    listener.close()
+    await listener.wait_closed()
+
+
+@dataclass
+class StreamLimitServer:
+    """An h2c server that allows ``max_streams`` concurrent streams per connection and
+    answers each request 200 after ``delay`` seconds. Until the client acknowledges
+    that limit, a stream beyond it is refused (RST_STREAM REFUSED_STREAM, RFC 9113
+    §5.1.2: not processed); once acknowledged, h2 raises on any excess stream. It
+    records the most streams open at once and each device token it answered."""
+
+    max_streams: int
+    delay: float = 0.005
+    port: int = 0
+    most_open: int = 0
+    refused: int = 0
+    errors: list[str] = field(default_factory=list)
+    processed: list[str] = field(default_factory=list)
+
+
+class _StreamLimitProtocol(asyncio.Protocol):
+    def __init__(self, server: StreamLimitServer) -> None:
+        self.server = server
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        self.open: dict[int, str] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.h2.initiate_connection()
+        limit = self.server.max_streams
+        self.h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limit})
+        transport.write(self.h2.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:  # e.g. too many streams once acked
+            self.server.errors.append(repr(exc))
+            self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                if len(self.open) >= self.server.max_streams:
+                    self.server.refused += 1
+                    self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                    continue
+                self.open[event.stream_id] = dict(event.headers)[b":path"].decode()
+                self.server.most_open = max(self.server.most_open, len(self.open))
+            elif isinstance(event, h2.events.DataReceived):
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded) and event.stream_id in self.open:
+                loop = asyncio.get_running_loop()
+                loop.call_later(self.server.delay, self._answer, event.stream_id)
+        self.transport.write(self.h2.data_to_send())
+
+    def _answer(self, stream_id: int) -> None:
+        if self.transport.is_closing():
+            return
+        self.server.processed.append(self.open.pop(stream_id).rsplit("/", 1)[-1])
+        self.h2.send_headers(stream_id, [(":status", "200"), ("apns-id", "x")], end_stream=True)
+        self.transport.write(self.h2.data_to_send())
+
+
+@pytest.fixture
+async def stream_limit_server() -> AsyncIterator[StreamLimitServer]:
+    """A :class:`StreamLimitServer` allowing 5 concurrent streams, on a free port."""
+    server = StreamLimitServer(max_streams=5)
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(lambda: _StreamLimitProtocol(server), "127.0.0.1", 0)
     server.port = listener.sockets[0].getsockname()[1]
     yield server
     listener.close()

@@ -6,10 +6,11 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jwt
+import pycurl
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -20,6 +21,8 @@ from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.apns import ApnsProvider
 from campaign_trigger.delivery.base import PushMessage
 from campaign_trigger.delivery.credentials import apns_credentials
+from campaign_trigger.delivery.curl_h2 import CurlPool, http2_supported
+from campaign_trigger.delivery.h2client import H2Pool
 from campaign_trigger.store.models import App, Platform
 
 
@@ -194,23 +197,63 @@ async def test_refused_provider_token_flags_the_app(
     assert provider.auth_failed
 
 
-async def test_streams_above_goaway_last_stream_id_are_resent_on_a_new_connection(
+def test_the_apns_transport_is_libcurl_with_http2(settings: Settings) -> None:
+    assert http2_supported(), pycurl.version  # pycurl's wheel bundles nghttp2
+    provider = ApnsProvider(apns_credentials(settings))
+    assert isinstance(provider.pool, CurlPool)
+    assert isinstance(ApnsProvider(apns_credentials(settings), http2="h2").pool, H2Pool)
+
+
+@pytest.mark.parametrize("http2", ["curl", "h2"])
+async def test_streams_left_by_goaway_or_a_lost_connection_are_resent_once(
     settings: Settings,
     goaway_server: Any,  # conftest.GoawayServer
+    http2: Literal["curl", "h2"],
 ) -> None:
     credentials = apns_credentials(
         settings.model_copy(update={"apns_base_url": f"http://127.0.0.1:{goaway_server.port}"})
     )
-    provider = ApnsProvider(credentials, concurrency=40, max_connections=2)
+    # every connection dies after 10 streams: a stream lost with one counts as a try
+    provider = ApnsProvider(
+        credentials,
+        concurrency=40,
+        max_connections=2,
+        http2=http2,
+        max_attempts=50,
+        backoff_base=0.001,
+    )
     tokens = [f"gw-{i}" for i in range(200)]
     try:
         results = await provider.send_many([message(i, t) for i, t in enumerate(tokens)])
     finally:
         await provider.aclose()
+    # GOAWAY or a dropped connection: the unanswered streams are re-sent, none lost,
+    # and none answered is sent again
     assert [r.error_message for r in results] == [""] * 200
     assert sorted(goaway_server.processed) == sorted(tokens)  # each processed exactly once
     assert goaway_server.goaways >= 19
     assert goaway_server.connections >= 20
+
+
+@pytest.mark.parametrize("http2", ["curl", "h2"])
+async def test_the_servers_stream_limit_is_never_exceeded(
+    settings: Settings,
+    stream_limit_server: Any,  # conftest.StreamLimitServer
+    http2: Literal["curl", "h2"],
+) -> None:
+    base = f"http://127.0.0.1:{stream_limit_server.port}"
+    credentials = apns_credentials(settings.model_copy(update={"apns_base_url": base}))
+    provider = ApnsProvider(credentials, concurrency=64, max_connections=1, http2=http2)
+    tokens = [f"lim-{i}" for i in range(120)]
+    try:
+        results = await provider.send_many([message(i, t) for i, t in enumerate(tokens)])
+    finally:
+        await provider.aclose()
+    assert [r.error_message for r in results] == [""] * 120
+    assert sorted(stream_limit_server.processed) == sorted(tokens)  # each exactly once
+    assert stream_limit_server.most_open == 5  # the limit is used, and never exceeded
+    assert stream_limit_server.errors == []
+    assert stream_limit_server.refused == 0  # the client waited for the server's limit
 
 
 async def test_unreachable_apns_is_retried_then_push_failed(

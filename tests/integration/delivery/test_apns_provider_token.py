@@ -21,6 +21,7 @@ from push_helpers import FakeClock, message
 
 from campaign_trigger.delivery.apns import ApnsProvider
 from campaign_trigger.delivery.credentials import ApnsCredentials
+from campaign_trigger.delivery.curl_h2 import CurlPool
 from campaign_trigger.delivery.h2client import H2Pool
 
 
@@ -129,8 +130,9 @@ async def test_a_token_renewed_within_the_second_is_accepted(
     assert provider.tokens.minted == 2
 
 
+@pytest.mark.parametrize("pool_class", [CurlPool, H2Pool])
 async def test_a_timed_out_stream_leaves_no_unretrieved_exception(
-    strict_apns: StrictApns,
+    strict_apns: StrictApns, pool_class: type[CurlPool] | type[H2Pool]
 ) -> None:
     strict_apns.answer = False  # accepts streams, never answers
     loop = asyncio.get_running_loop()
@@ -138,10 +140,14 @@ async def test_a_timed_out_stream_leaves_no_unretrieved_exception(
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _loop, context: reported.append(context))
     try:
-        pool = H2Pool(f"http://127.0.0.1:{strict_apns.port}", timeout_seconds=0.2)
+        pool = pool_class(f"http://127.0.0.1:{strict_apns.port}", timeout_seconds=0.2)
         for _ in range(3):
+            if isinstance(pool, CurlPool):
+                request = pool.request(b"/3/device/x", [b"apns-topic: t"], b"{}")
+            else:
+                request = pool.request(b"/3/device/x", [(b"apns-topic", b"t")], b"{}")
             with pytest.raises(TimeoutError):
-                await pool.request(b"/3/device/x", [(b"apns-topic", b"t")], b"{}")
+                await request
         await pool.aclose()
         await asyncio.sleep(0.05)
         del pool

@@ -1,0 +1,230 @@
+"""APNs' HTTP/2 transport on libcurl (pycurl): one multi handle driven by the asyncio loop.
+
+Why libcurl: framing, HPACK, flow control and TLS run in C (nghttp2 and OpenSSL,
+bundled in pycurl's wheels), so a request costs a handful of Python calls instead of
+``h2``'s state machine (``docs/benchmarks.md``, "APNs on a C HTTP/2 stack"). The pool's
+``CurlMulti`` multiplexes up to ``streams_per_connection`` streams on each of at most
+``max_connections`` connections and queues the rest; the loop watches the sockets
+libcurl asks for (``M_SOCKETFUNCTION``) and runs its timer (``M_TIMERFUNCTION``).
+
+GOAWAY (RFC 9113 §6.8): streams above ``last_stream_id`` were not processed and
+libcurl re-sends them on a new connection itself; streams at or below it finish on
+the old connection. A stream that fails otherwise (connection lost, reset, timeout)
+is a :class:`~campaign_trigger.delivery.sending.TransportError` or a
+:class:`TimeoutError`, which the caller retries with backoff like any transient error.
+
+Stream limit: libcurl respects the server's ``SETTINGS_MAX_CONCURRENT_STREAMS`` once
+it has it, but assumes 100 on a new connection before; so the pool's first request goes
+alone, and the burst follows once the server's limit is known.
+
+``http://`` URLs speak HTTP/2 with prior knowledge (the sandbox's cleartext port);
+``https://`` URLs TLS with ALPN ``h2``, trusting the system CAs and ``ca_file``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pycurl
+
+from campaign_trigger.delivery.sending import TransportError
+
+_TIMED_OUT = 28  # CURLE_OPERATION_TIMEDOUT
+
+
+@dataclass(frozen=True, slots=True)
+class CurlResponse:
+    """A complete answer: status, ``Retry-After`` in seconds (None if absent), body."""
+
+    status: int
+    retry_after: int | None
+    body: bytes
+
+
+def http2_supported() -> bool:
+    """True when the libcurl under pycurl was built with HTTP/2 (nghttp2)."""
+    return bool(pycurl.version_info()[4] & pycurl.VERSION_HTTP2)
+
+
+class CurlPool:
+    """HTTP/2 requests to one origin over libcurl's multiplexed connections."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 4,
+        streams_per_connection: int = 100,
+        timeout_seconds: float = 10.0,
+        ca_file: str | Path | None = None,
+    ) -> None:
+        if not http2_supported():
+            raise RuntimeError(f"libcurl without HTTP/2: {pycurl.version}")
+        self._base = base_url.rstrip("/").encode()
+        self._https = base_url.startswith("https:")
+        self._timeout_ms = max(1, int(timeout_seconds * 1000))
+        self._ca_file = str(ca_file) if ca_file is not None and Path(ca_file).exists() else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._multi = pycurl.CurlMulti()
+        self._multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_MULTIPLEX)
+        self._multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, max_connections)
+        self._multi.setopt(pycurl.M_MAX_CONCURRENT_STREAMS, streams_per_connection)
+        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self._free: list[pycurl.Curl] = []
+        self._active: dict[pycurl.Curl, asyncio.Future[CurlResponse]] = {}
+        self._watched: dict[int, int] = {}  # fd → the events the loop watches it for
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._closed = False
+        self.connections_opened = 0
+        self._warm = asyncio.Event()
+        self._probing = False
+
+    # libcurl → the loop ---------------------------------------------------------
+    def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
+        loop = self._loop
+        assert loop is not None
+        before = self._watched.get(fd, 0)
+        wanted = 0 if what == pycurl.POLL_REMOVE else what
+        if before & pycurl.POLL_IN and not wanted & pycurl.POLL_IN:
+            loop.remove_reader(fd)
+        if before & pycurl.POLL_OUT and not wanted & pycurl.POLL_OUT:
+            loop.remove_writer(fd)
+        if wanted & pycurl.POLL_IN and not before & pycurl.POLL_IN:
+            loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
+        if wanted & pycurl.POLL_OUT and not before & pycurl.POLL_OUT:
+            loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
+        if wanted:
+            self._watched[fd] = wanted
+        else:
+            self._watched.pop(fd, None)
+
+    def _on_timer(self, timeout_ms: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        if self._timer is not None:
+            if timeout_ms == 0 and not isinstance(self._timer, asyncio.TimerHandle):
+                return  # a run is already due this turn
+            self._timer.cancel()
+            self._timer = None
+        if timeout_ms == 0:
+            self._timer = loop.call_soon(self._act, pycurl.SOCKET_TIMEOUT, 0)
+        elif timeout_ms > 0:
+            self._timer = loop.call_later(timeout_ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
+
+    def _act(self, fd: int, events: int) -> None:
+        if fd == pycurl.SOCKET_TIMEOUT:
+            self._timer = None
+        if self._closed:
+            return
+        self._multi.socket_action(fd, events)
+        while True:
+            queued, done, failed = self._multi.info_read()
+            for easy in done:
+                self._finish(easy, None)
+            for easy, code, message in failed:
+                error: Exception = (
+                    TimeoutError(message) if code == _TIMED_OUT else TransportError(message)
+                )
+                self._finish(easy, error)
+            if not queued:
+                break
+
+    def _finish(self, easy: pycurl.Curl, error: Exception | None) -> None:
+        self._multi.remove_handle(easy)
+        self.connections_opened += easy.getinfo(pycurl.NUM_CONNECTS)
+        future = self._active.pop(easy, None)
+        if future is not None and not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                retry_after = easy.getinfo(pycurl.RETRY_AFTER)
+                future.set_result(
+                    CurlResponse(
+                        easy.getinfo(pycurl.RESPONSE_CODE),
+                        retry_after if retry_after > 0 else None,
+                        b"".join(easy.chunks),
+                    )
+                )
+        easy.chunks = []
+        self._free.append(easy)
+
+    # requests -------------------------------------------------------------------
+    def _easy(self) -> pycurl.Curl:
+        if self._free:
+            return self._free.pop()
+        easy = pycurl.Curl()
+        easy.chunks = []
+        easy.setopt(pycurl.WRITEFUNCTION, lambda chunk, e=easy: e.chunks.append(chunk))
+        easy.setopt(pycurl.NOSIGNAL, 1)
+        easy.setopt(pycurl.PIPEWAIT, 1)  # wait for a multiplexed stream, not a new connection
+        easy.setopt(pycurl.TIMEOUT_MS, self._timeout_ms)
+        easy.setopt(pycurl.CONNECTTIMEOUT_MS, self._timeout_ms)
+        if self._https:
+            easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2TLS)
+            if self._ca_file is not None:
+                easy.setopt(pycurl.CAINFO, self._ca_file)
+            system = ssl.get_default_verify_paths()
+            if system.capath:
+                easy.setopt(pycurl.CAPATH, system.capath)
+        else:
+            easy.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE)
+        return easy
+
+    async def request(self, path: bytes, headers: list[bytes], body: bytes) -> CurlResponse:
+        """POST ``body`` to ``path`` with ``headers`` (``b"name: value"`` lines); raises
+        TransportError or TimeoutError."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if not self._warm.is_set():
+            # Before the server's SETTINGS arrive, libcurl assumes 100 streams and may
+            # open more than the server allows (they come back refused and are re-sent on
+            # new connections, which do the same): the first request goes alone.
+            if self._probing:
+                await self._warm.wait()
+            else:
+                self._probing = True
+                try:
+                    return await self._start(path, headers, body)
+                finally:
+                    self._warm.set()
+        return await self._start(path, headers, body)
+
+    def _start(
+        self, path: bytes, headers: list[bytes], body: bytes
+    ) -> asyncio.Future[CurlResponse]:
+        assert self._loop is not None
+        if self._closed:
+            raise TransportError("pool closed")
+        easy = self._easy()
+        easy.setopt(pycurl.URL, self._base + path)
+        easy.setopt(pycurl.HTTPHEADER, headers)
+        easy.setopt(pycurl.POSTFIELDS, body)
+        future: asyncio.Future[CurlResponse] = self._loop.create_future()
+        self._active[easy] = future
+        self._multi.add_handle(easy)
+        return future
+
+    async def aclose(self) -> None:
+        """Fail what is in flight, close the connections."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for easy, future in list(self._active.items()):
+            self._multi.remove_handle(easy)
+            if not future.done():
+                future.set_exception(TransportError("pool closed"))
+        self._active.clear()
+        for easy in self._free:
+            easy.close()
+        self._free.clear()
+        self._multi.close()
+        if self._loop is not None:
+            for fd in self._watched:
+                self._loop.remove_reader(fd)
+                self._loop.remove_writer(fd)
+        self._watched.clear()

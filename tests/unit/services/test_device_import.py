@@ -1,0 +1,142 @@
+"""The bulk device import on SQLite (batched upsert) and PostgreSQL (COPY): what it
+writes, what it keeps, and the refusals of a bad file (the first bad row, whole)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from campaign_trigger.errors import AdminError
+from campaign_trigger.services.admin import import_devices
+from campaign_trigger.store.db import engine_for
+from campaign_trigger.store.migrate import upgrade
+from campaign_trigger.store.models import App, Device, Organisation, Platform
+
+HEADER = "device_id,user_id,push_token,opted_in,logged_in\n"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database of each kind (PostgreSQL skips loudly when none answers)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'devices.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def app_id(database: str) -> str:
+    with Session(engine_for(database)) as session:
+        org = Organisation(name=f"org-{uuid.uuid4().hex[:8]}")
+        session.add(org)
+        session.flush()
+        assert org.id is not None
+        app = App(app_id=f"app-{org.id}", org_id=org.id, platform=Platform.ios, sdk_key="k")
+        session.add(app)
+        session.commit()
+        return app.app_id
+
+
+def _import(database: str, app_id: str, path: Path, content: str) -> int:
+    path.write_text(content, encoding="utf-8")
+    seen: list[tuple[int, int]] = []
+    with Session(engine_for(database)) as session:
+        count = import_devices(
+            session=session, app_id=app_id, path=path, progress=lambda d, t: seen.append((d, t))
+        )
+        session.commit()
+    assert seen[-1] == (count, count)
+    return count
+
+
+def _devices(database: str, app_id: str) -> dict[str, Device]:
+    with Session(engine_for(database)) as session:
+        rows = session.exec(select(Device).where(Device.app_id == app_id)).all()
+        return {row.device_id: row for row in rows}
+
+
+def test_import_inserts_then_updates_by_the_registration_rule(
+    database: str, app_id: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "devices.csv"
+    content = HEADER + " d1 , u1 ,tok-1,TRUE,yes\nd2,u2,tok-2,false,1\nd3,,,t,N\n"
+    assert _import(database, app_id, path, content) == 3
+    first = _devices(database, app_id)
+    assert {k: (d.user_id, d.push_token, d.opted_in, d.logged_in) for k, d in first.items()} == {
+        "d1": ("u1", "tok-1", True, True),
+        "d2": ("u2", "tok-2", False, True),
+        "d3": (None, None, True, False),
+    }
+    # a provider said d1's and d2's tokens are gone; d2 was uninstalled; d1 has a secret
+    gone = datetime(2026, 1, 1, tzinfo=UTC)
+    with Session(engine_for(database)) as session:
+        for device in session.exec(select(Device).where(Device.app_id == app_id)).all():
+            if device.device_id in ("d1", "d2"):
+                device.unregistered_at = gone
+            if device.device_id == "d2":
+                device.uninstalled_at = gone
+            if device.device_id == "d1":
+                device.secret_hash = "a" * 64
+            session.add(device)
+        session.commit()
+    # d1 keeps its token (still unregistered), d2 gets a new one (registered again)
+    content = HEADER + "d1,u9,tok-1,true,false\nd2,u2,tok-new,true,true\nd4,u4,tok-4,1,1\n"
+    assert _import(database, app_id, path, content) == 3
+    after = _devices(database, app_id)
+    assert set(after) == {"d1", "d2", "d3", "d4"}
+    d1, d2 = after["d1"], after["d2"]
+    assert (d1.user_id, d1.push_token, d1.logged_in, d1.secret_hash) == (
+        "u9",
+        "tok-1",
+        False,
+        "a" * 64,
+    )
+    assert d1.unregistered_at == gone
+    assert (d2.push_token, d2.unregistered_at, d2.uninstalled_at) == ("tok-new", None, None)
+    assert after["d1"].id == first["d1"].id  # updated in place, not re-created
+    assert after["d4"].updated_at > datetime.now(UTC) - timedelta(minutes=5)
+    assert after["d3"].updated_at == first["d3"].updated_at  # not in the second file
+    if database.startswith("sqlite"):  # stored as the ORM stores it: naive UTC text
+        with Session(engine_for(database)) as session:
+            stored = session.connection().exec_driver_sql("SELECT updated_at FROM device")
+            texts = {str(value) for (value,) in stored}
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", t) for t in texts), texts
+
+
+@pytest.mark.parametrize(
+    ("rows", "reason"),
+    [
+        ("d1,u,t,true,true\nd2,u,t,maybe,true\nd3,u,t,true,true,x\n", "Line 3: opted_in"),
+        ("d1,u,t,true,true\nd2,u,t,true,true,x\nd3,u,t,nope,true\n", "Line 3: wrong number"),
+        ("d1,u,t,true,true\nd2,u,t\n", "Line 3: wrong number of fields"),
+        ("d1,u,t,true,true\n  ,u,t,true,true\n", "Line 3: device_id is empty"),
+        ("d1,u,t,true,true\nd2,u,t,true,true\n d1,u,t,true,true\n", "Line 4: device_id 'd1'"),
+        ("d1,u,t,true,true\nd2,u,t,true,sometimes\n", "Line 3: logged_in must be true or false"),
+        ("d1,u,t,true,true\nd1,u,t,maybe,true\n", "Line 3: device_id 'd1' appears twice"),
+    ],
+)
+def test_a_bad_file_is_refused_whole_at_its_first_bad_row(
+    database: str, app_id: str, tmp_path: Path, rows: str, reason: str
+) -> None:
+    with pytest.raises(AdminError, match=reason):
+        _import(database, app_id, tmp_path / "devices.csv", HEADER + rows)
+    assert _devices(database, app_id) == {}
+
+
+def test_missing_columns_and_bad_bytes_are_refused(
+    database: str, app_id: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "devices.csv"
+    with pytest.raises(AdminError, match="lacks column"):
+        _import(database, app_id, path, "device_id,user_id\nd1,u1\n")
+    path.write_bytes(HEADER.encode() + b"d1,u\xff,t,true,true\n")
+    with Session(engine_for(database)) as session, pytest.raises(AdminError, match="Cannot read"):
+        import_devices(session=session, app_id=app_id, path=path)
+    assert _devices(database, app_id) == {}
