@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from datetime import UTC, datetime, timedelta
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
@@ -48,15 +47,14 @@ def notify_new_request(request_id: str) -> None:
     logger.debug("outbox notified (%d drainers)", len(wakers))
 
 
-def _outbox_batch(session: Session, limit: int, settle: float) -> list[prefect_runs.RunToCreate]:
-    query = (
+def _outbox_batch(session: Session, limit: int) -> list[prefect_runs.RunToCreate]:
+    rows = session.exec(
         select(Request)
         .where(col(Request.flow_run_id).is_(None))
         .where(Request.state == RequestState.scheduled)
-    )
-    if settle > 0:
-        query = query.where(Request.requested_at <= datetime.now(UTC) - timedelta(seconds=settle))
-    rows = session.exec(query.order_by(col(Request.send_at)).limit(limit)).all()
+        .order_by(col(Request.send_at))
+        .limit(limit)
+    ).all()
     session.commit()  # end the read: this session lives across Prefect calls
     return [
         prefect_runs.RunToCreate(
@@ -86,26 +84,19 @@ def _record_flow_runs(session: Session, created: dict[str, str]) -> list[str]:
 
 
 async def drain_outbox(
-    *,
-    session: Session,
-    batch_size: int = 500,
-    client: PrefectClient | None = None,
-    settle: float = 0.0,
+    *, session: Session, batch_size: int = 500, client: PrefectClient | None = None
 ) -> int:
-    """Create the flow runs of the requests in the outbox (those accepted ``settle``
-    seconds ago or earlier); returns how many were created.
+    """Create the flow runs of the requests in the outbox; returns how many were created.
 
     Raises whatever the Prefect client raises when the server cannot be reached; the
     requests then simply stay in the outbox.
     """
     if client is None:
         async with get_client() as own_client:
-            return await drain_outbox(
-                session=session, batch_size=batch_size, client=own_client, settle=settle
-            )
+            return await drain_outbox(session=session, batch_size=batch_size, client=own_client)
     total = 0
     while True:
-        batch = await asyncio.to_thread(_outbox_batch, session, batch_size, settle)
+        batch = await asyncio.to_thread(_outbox_batch, session, batch_size)
         if not batch:
             return total
         created = await prefect_runs.create_runs(client, batch)
@@ -118,25 +109,11 @@ async def drain_outbox(
             return total
 
 
-SETTLE_SECONDS = 5.0
-
-
 async def run_reconciler(
-    *,
-    sessions: Sessions,
-    stop: asyncio.Event | None = None,
-    interval: float = 1.0,
-    settle: float = SETTLE_SECONDS,
+    *, sessions: Sessions, stop: asyncio.Event | None = None, interval: float = 1.0
 ) -> None:
     """Drain the outbox when notified, and every ``interval`` seconds, until ``stop``
-    (a session from ``sessions`` per drain).
-
-    A notified drain takes every request: this process just accepted one. A timed drain
-    takes only requests accepted ``settle`` seconds ago or earlier, the ones their own
-    process could not schedule (Prefect was down, the process died): so the reconcilers
-    of the other processes do not race the accepting one to create the same runs (on a
-    SQLite Prefect server, concurrent creations end in "database is locked").
-    """
+    (a session from ``sessions`` per drain)."""
     stop = stop or asyncio.Event()
     wake = asyncio.Event()
     entry = (asyncio.get_running_loop(), wake)
@@ -148,15 +125,12 @@ async def run_reconciler(
             wake.clear()
             try:
                 async with get_client() as client:  # one client while all goes well
-                    notified = True
                     while not stop.is_set():
                         wake.clear()
                         with sessions() as session:
-                            await drain_outbox(
-                                session=session, client=client, settle=0 if notified else settle
-                            )
+                            await drain_outbox(session=session, client=client)
                         failures = 0
-                        notified = await _wait(wake, stop, interval)
+                        await _wait(wake, stop, interval)
             except Exception as exc:  # Prefect down, database busy: try again later
                 failures += 1
                 prefect_runs.forget_deployment_id()
@@ -168,12 +142,10 @@ async def run_reconciler(
             _wakers.remove(entry)
 
 
-async def _wait(wake: asyncio.Event, stop: asyncio.Event, seconds: float) -> bool:
-    """Wait for a notification, ``stop`` or ``seconds``; whether notified."""
+async def _wait(wake: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
     waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
     _done, pending = await asyncio.wait(
         waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
     )
     for waiter in pending:
         waiter.cancel()
-    return wake.is_set()

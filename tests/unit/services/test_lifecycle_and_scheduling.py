@@ -83,7 +83,7 @@ def test_a_request_in_the_outbox_is_cancelled_in_the_database_alone(
             lifecycle.cancel_request(session=session, org_id=org.org_id, request_id=request_id)
         )
     assert caught.value.message == "Request already canceled"
-    assert scheduling._outbox_batch(session, 10, 0) == []  # never scheduled
+    assert scheduling._outbox_batch(session, 10) == []  # never scheduled
 
 
 def test_another_organisations_request_is_unknown(
@@ -145,24 +145,4 @@ def test_the_outbox_drains_in_send_order_once(
     assert all(session.get(Request, r).flow_run_id for r in (sooner, later))  # type: ignore[union-attr]
     again = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
     assert again == 0
-    prefect_runs.forget_deployment_id()
-
-
-def test_a_timed_drain_leaves_fresh_requests_to_the_process_that_accepted_them(
-    session: Session, settings: Settings, storage: Storage, org: Org
-) -> None:
-    fresh = _request(session, settings, storage, org, hours=1)
-    stranded = _request(session, settings, storage, org, hours=2)
-    row = session.get(Request, stranded)
-    assert row is not None
-    row.requested_at = datetime.now(UTC) - timedelta(seconds=scheduling.SETTLE_SECONDS + 1)
-    session.commit()
-    prefect_runs.forget_deployment_id()
-    fake = FakePrefect()
-    timed = scheduling.drain_outbox(session=session, client=fake, settle=scheduling.SETTLE_SECONDS)  # type: ignore[arg-type]
-    assert asyncio.run(timed) == 1
-    assert [body["name"] for body in fake.bodies] == [stranded]
-    notified = scheduling.drain_outbox(session=session, client=fake)  # type: ignore[arg-type]
-    assert asyncio.run(notified) == 1
-    assert [body["name"] for body in fake.bodies] == [stranded, fresh]
     prefect_runs.forget_deployment_id()
