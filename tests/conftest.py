@@ -55,7 +55,7 @@ def session_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def database(session_dir: Path) -> str:
+def session_database(session_dir: Path) -> str:
     """The session's migrated SQLite database; its URL."""
     from campaign_trigger.config import get_settings
     from campaign_trigger.store.migrate import upgrade

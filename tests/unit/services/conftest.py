@@ -28,15 +28,24 @@ def session(database: str) -> Iterator[Session]:
         yield session
 
 
+# Set for the whole session by the e2e and flow suites' sandboxes: not these tests' business.
+SANDBOX_ENV = ("CT_SANDBOX_PORT", "CT_SANDBOX_TLS_PORT", "CT_SEND_TO_SANDBOX")
+
+
 @pytest.fixture
-def settings(tmp_path: Path, database: str) -> Settings:
-    return get_settings().model_copy(
+def settings(tmp_path: Path, database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """The defaults (whatever suites ran before), with this test's database and storage."""
+    for name in SANDBOX_ENV:
+        monkeypatch.delenv(name, raising=False)
+    get_settings.cache_clear()
+    yield get_settings().model_copy(
         update={
             "database_url": database,
             "storage_url": str(tmp_path / "storage"),
             "chunk_size": 3,
         }
     )
+    get_settings.cache_clear()  # the next caller reads the environment restored
 
 
 @pytest.fixture
