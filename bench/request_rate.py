@@ -67,7 +67,7 @@ def _prefect_server() -> psutil.Process:
     """The private stack's Prefect server (a child of this process)."""
     for child in psutil.Process().children(recursive=True):
         command = child.cmdline()
-        if "server" in command and "start" in command:
+        if "campaign_trigger.deployments.prefect_server" in command:
             return child
     raise RuntimeError("no Prefect server among this process's children")
 
