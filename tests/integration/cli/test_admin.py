@@ -11,35 +11,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from admin_cli import ok, refused
 from sqlmodel import select
-from typer.testing import CliRunner
 
-from campaign_trigger.cli import app
 from campaign_trigger.services.passwords import verify_password
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Account, App, Campaign, CampaignState, Device
-
-runner = CliRunner()
-
-
-def admin(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["admin", *args])
-    return result.exit_code, result.output
-
-
-def ok(*args: str) -> str:
-    code, output = admin(*args)
-    assert code == 0, output
-    return output
-
-
-def refused(*args: str) -> str:
-    code, output = admin(*args)
-    assert code == 1, output
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1, output
-    assert lines[0].startswith("error: "), output
-    return lines[0]
 
 
 @pytest.fixture

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from typer.testing import CliRunner
+from admin_cli import admin
 
-from campaign_trigger.cli import app
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Campaign, PushPriority
-
-runner = CliRunner()
-
-
-def admin(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["admin", *args])
-    return result.exit_code, result.output
 
 
 def test_a_campaign_with_every_option_is_created_then_changed_while_draft() -> None:

@@ -7,34 +7,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from admin_cli import ok, refused
 from sqlalchemy import text
-from typer.testing import CliRunner
 
-from campaign_trigger.cli import app
 from campaign_trigger.store.db import session_scope
 from credentials_support import apns_key, secret_fragments, service_account
-
-runner = CliRunner()
-
-
-def admin(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, ["admin", *args])
-    return result.exit_code, result.output
-
-
-def ok(*args: str) -> str:
-    code, output = admin(*args)
-    assert code == 0, output
-    return output
-
-
-def refused(*args: str) -> str:
-    code, output = admin(*args)
-    assert code == 1, output
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1, output
-    assert lines[0].startswith("error: "), output
-    return lines[0]
 
 
 @pytest.fixture
