@@ -175,8 +175,11 @@ def _latencies(sandbox: str, sent: dict[str, float], wait_seconds: float) -> lis
     return list(latencies.values())
 
 
-async def _reference(runs: int) -> float:
-    """Empty flow runs with three task runs, executed as the worker executes ours."""
+async def _reference(runs: int, server: psutil.Process) -> tuple[float, float]:
+    """Empty flow runs with three task runs, executed as the worker executes ours.
+
+    Their rate, and the Prefect server's CPU seconds per run (creation included).
+    """
     from prefect import flow, get_client, task
     from prefect.flow_engine import run_flow_async
     from prefect.states import Pending, Scheduled
@@ -192,6 +195,7 @@ async def _reference(runs: int) -> float:
         await step()
 
     deployment_id = await (await empty.ato_deployment(name="bench")).aapply()
+    cpu_before = sum(server.cpu_times()[:2])
     async with get_client() as client:
         created = [
             await client.create_flow_run_from_deployment(
@@ -208,7 +212,8 @@ async def _reference(runs: int) -> float:
 
         started = time.monotonic()
         await asyncio.gather(*(execute(r) for r in created))
-        return runs / (time.monotonic() - started)
+        rate = runs / (time.monotonic() - started)
+    return rate, (sum(server.cpu_times()[:2]) - cpu_before) / runs
 
 
 def main() -> None:
@@ -249,6 +254,7 @@ def main() -> None:
             wait_http(f"{api}/health")
             wait_http(f"{sandbox}/sandbox/stats")
             time.sleep(5)  # the worker registers the deployment and starts polling
+            server = _prefect_server()
             users = iter(audience.users)
             sustained = 0.0
             for rate in args.rates:
@@ -256,7 +262,7 @@ def main() -> None:
                 profile = None
                 if args.profile and rate == args.profile_rate:
                     named = {
-                        "server": _prefect_server(),
+                        "server": server,
                         "api": processes[1],
                         "worker": processes[2],
                     }
@@ -287,12 +293,13 @@ def main() -> None:
                         + f" (py-spy stacks in {args.profile})",
                         flush=True,
                     )
-            reference = asyncio.run(_reference(args.reference_runs))
+            reference, reference_cpu = asyncio.run(_reference(args.reference_runs, server))
             ratio = sustained / reference
             print(
                 f"sustained: {sustained:.1f} requests/s (target >= {TARGET_RATE:.0f}: "
                 f"{'met' if sustained >= TARGET_RATE else 'NOT met'}); reference, empty flow "
-                f"runs with 3 task runs executed in-process: {reference:.2f} runs/s; ratio "
+                f"runs with 3 task runs executed in-process: {reference:.2f} runs/s, "
+                f"Prefect server CPU {reference_cpu * 1000:.0f} ms per run; ratio "
                 f"{ratio:.2f}x (target >= {TARGET_RATIO}: "
                 f"{'met' if ratio >= TARGET_RATIO else 'NOT met'})"
             )
