@@ -56,7 +56,8 @@ def wait_http(url: str, timeout: float = 90) -> None:
     raise TimeoutError(url)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
     process.terminate()
     try:
         process.wait(timeout=20)
@@ -147,7 +148,7 @@ def _stack_in(home: Path, port: int, settings: dict[str, str]) -> Iterator[None]
         asyncio.run(ensure_deployments())
         yield
     finally:
-        _stop(server)
+        stop_process(server)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -190,7 +191,7 @@ http {{
         wait_http(f"{url}/token", timeout=10)
         yield url
     finally:
-        _stop(process)
+        stop_process(process)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -331,7 +332,7 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
-        _stop(self.process)
+        stop_process(self.process)
 
 
 async def wait_processed(request_id: str, timeout: float) -> float:
@@ -363,3 +364,77 @@ async def wait_processed(request_id: str, timeout: float) -> float:
                     return time.monotonic() - started
             await asyncio.sleep(0.2)
     raise TimeoutError(f"request {request_id} not processed in {timeout} s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def start_process(home: Path, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+    """A child process in its own session, its output in ``home/<name>.log``."""
+    return subprocess.Popen(
+        argv,
+        stdout=(home / f"{name}.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+
+
+class Profile:
+    """py-spy on each process for ``seconds``, and the CPU each used meanwhile."""
+
+    def __init__(self, folder: Path, processes: dict[str, psutil.Process], seconds: float):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.processes = processes
+        self.cpu = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+        self.spies = [
+            subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(process.pid),
+                    "--duration",
+                    str(int(seconds)),
+                    "--rate",
+                    "50",
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(folder / f"{name}.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for name, process in processes.items()
+        ]
+
+    def cpu_per_request(self, requests: int) -> dict[str, float]:
+        """CPU seconds per request of each process since the start."""
+        used = {name: sum(p.cpu_times()[:2]) for name, p in self.processes.items()}
+        for spy in self.spies:
+            spy.wait(timeout=120)
+        return {name: (used[name] - self.cpu[name]) / requests for name in used}
+
+
+def member_token(org_id: int) -> str:
+    """A bearer token of a new member account of the organisation."""
+    from campaign_trigger.config import get_settings
+    from campaign_trigger.services.auth import issue_token
+    from campaign_trigger.services.passwords import hash_password
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import Account, Role
+
+    with session_scope() as session:
+        account = Account(
+            org_id=org_id,
+            email=f"bench-{uuid.uuid4().hex[:8]}@example.com",
+            password_hash=hash_password("bench-password"),
+            role=Role.member,
+        )
+        session.add(account)
+        session.flush()
+        return issue_token(settings=get_settings(), account=account)

@@ -41,26 +41,20 @@ from typing import Any
 import httpx
 import psutil
 
-from harness import free_port, private_stack, seed_audience, wait_http
+from harness import (
+    Profile,
+    free_port,
+    member_token,
+    percentile,
+    private_stack,
+    seed_audience,
+    start_process,
+    wait_http,
+)
 
 TARGET_RATE = 5.0
 TARGET_P95 = 3.0
 TARGET_RATIO = 1.5
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _start(home: Path, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv,
-        stdout=(home / f"{name}.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **env},
-        start_new_session=True,
-    )
 
 
 def _prefect_server() -> psutil.Process:
@@ -70,63 +64,6 @@ def _prefect_server() -> psutil.Process:
         if "campaign_trigger.deployments.prefect_server" in command:
             return child
     raise RuntimeError("no Prefect server among this process's children")
-
-
-class Profile:
-    """py-spy on each process for ``seconds``, and the CPU each used meanwhile."""
-
-    def __init__(self, folder: Path, processes: dict[str, psutil.Process], seconds: float):
-        folder.mkdir(parents=True, exist_ok=True)
-        self.processes = processes
-        self.cpu = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
-        self.spies = [
-            subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "py-spy"),
-                    "record",
-                    "--pid",
-                    str(process.pid),
-                    "--duration",
-                    str(int(seconds)),
-                    "--rate",
-                    "50",
-                    "--format",
-                    "raw",
-                    "--nonblocking",
-                    "--output",
-                    str(folder / f"{name}.txt"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for name, process in processes.items()
-        ]
-
-    def cpu_per_request(self, requests: int) -> dict[str, float]:
-        """CPU seconds per request of each process since the start."""
-        used = {name: sum(p.cpu_times()[:2]) for name, p in self.processes.items()}
-        for spy in self.spies:
-            spy.wait(timeout=120)
-        return {name: (used[name] - self.cpu[name]) / requests for name in used}
-
-
-def _token(org_id: int) -> str:
-    from campaign_trigger.config import get_settings
-    from campaign_trigger.services.auth import issue_token
-    from campaign_trigger.services.passwords import hash_password
-    from campaign_trigger.store.db import session_scope
-    from campaign_trigger.store.models import Account, Role
-
-    with session_scope() as session:
-        account = Account(
-            org_id=org_id,
-            email=f"bench-{uuid.uuid4().hex[:8]}@example.com",
-            password_hash=hash_password("bench-password"),
-            role=Role.member,
-        )
-        session.add(account)
-        session.flush()
-        return issue_token(settings=get_settings(), account=account)
 
 
 async def _send_at_rate(
@@ -241,11 +178,11 @@ def main() -> None:
         get_settings.cache_clear()
         total = int(sum(rate * args.seconds for rate in args.rates)) + 10
         audience = seed_audience(total)
-        token = _token(audience.org_id)
+        token = member_token(audience.org_id)
         processes = [
-            _start(home, "sandbox", [*cli, "sandbox"]),
-            _start(home, "api", [*cli, "api"]),
-            _start(
+            start_process(home, "sandbox", [*cli, "sandbox"]),
+            start_process(home, "api", [*cli, "api"]),
+            start_process(
                 home, "worker", [*cli, "worker", "--concurrency", "8"], PREFECT_LOGGING_LEVEL="INFO"
             ),
         ]
@@ -273,7 +210,7 @@ def main() -> None:
                     )
                 sent = asyncio.run(_send_at_rate(api, token, audience.campaign_id, batch, rate))
                 latencies = _latencies(sandbox, sent, wait_seconds=60)
-                p95 = _percentile(latencies, 0.95) if latencies else float("inf")
+                p95 = percentile(latencies, 0.95) if latencies else float("inf")
                 ok = len(latencies) == len(batch) and p95 <= TARGET_P95
                 sustained = rate if ok else sustained
                 print(

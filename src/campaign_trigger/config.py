@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     public_base_url: str = Field(default="", description="Base of links we hand out.")
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    api_workers: int = Field(
+        default=1, ge=1, description="Processes of `campaign-trigger api` (and of `up`'s API)."
+    )
     api_reconciler: bool = Field(
         default=True, description="Run the outbox reconciler inside the API process."
     )

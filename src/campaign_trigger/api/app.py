@@ -97,19 +97,21 @@ def _provider_state(url: str, error: str | None) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
-    """Run the outbox reconciler beside the API when a Prefect server is configured."""
+    """Run the outbox reconciler beside the API when a Prefect server is configured, and
+    share one Prefect client among the API's calls."""
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value() or not get_settings().api_reconciler:
         yield
         return
-    from campaign_trigger.services import scheduling
+    from campaign_trigger.services import prefect_runs, scheduling
     from campaign_trigger.store.db import session_scope
 
     stop = asyncio.Event()
     task = asyncio.create_task(scheduling.run_reconciler(sessions=session_scope, stop=stop))
     try:
-        yield
+        async with prefect_runs.shared_client():
+            yield
     finally:
         stop.set()
         with contextlib.suppress(Exception, asyncio.CancelledError):

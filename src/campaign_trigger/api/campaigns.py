@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from anyio import to_thread
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse
 
 from campaign_trigger.api.deps import QuotaAccount, Sender, SessionDep, SettingsDep, StorageDep
 from campaign_trigger.api.limits import json_body_limit
@@ -164,10 +165,9 @@ async def read_scheduled_requests(
     identity: QuotaAccount,
     session: SessionDep,
     settings: SettingsDep,
-    response: Response,
     limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9, description="Requests to skip.")] = 0,
-) -> dict[str, Any]:
+) -> JSONResponse:
     """List a campaign's scheduled requests, soonest first."""
     requests, total = await lifecycle.scheduled_requests(
         session=session, org_id=identity.org_id, campaign_id=campaign_id, limit=limit, offset=offset
@@ -177,8 +177,12 @@ async def read_scheduled_requests(
             session=session, settings=settings, requests=requests, with_campaign=False
         )
     )
-    response.headers["X-Total-Count"] = str(total)
-    return {"campaign_id": campaign_id, "requests": bodies}
+    # Built in the model's shape: a page of up to 100 x 1,000 messages is not validated
+    # again against ScheduledList on the way out (FastAPI's default), which cost most of
+    # the API's CPU under load.
+    return JSONResponse(
+        {"campaign_id": campaign_id, "requests": bodies}, headers={"X-Total-Count": str(total)}
+    )
 
 
 def _request_id_param(request: Request) -> str:

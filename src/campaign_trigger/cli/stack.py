@@ -74,7 +74,16 @@ def up(
 
 
 @app.command()
-def api() -> None:
+def api(
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="API processes sharing the port (default CT_API_WORKERS; the database and "
+            "the outbox are shared, so any number is safe).",
+        ),
+    ] = None,
+) -> None:
     """Run the HTTP API alone."""
     import uvicorn
 
@@ -84,6 +93,7 @@ def api() -> None:
         factory=True,
         host=settings.api_host,
         port=settings.api_port,
+        workers=workers or settings.api_workers,
         log_level="info",
         access_log=False,
     )

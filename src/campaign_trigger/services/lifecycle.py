@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from sqlalchemy import update
 from sqlmodel import Session, col, select
@@ -77,7 +76,7 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
         if request.flow_run_id is None:  # the flow claimed it before its run id was stored
             raise RequestStateError(CANT_CANCEL)
     assert request.flow_run_id is not None
-    async with get_client() as client:
+    async with prefect_runs.client() as client:
         run = await prefect_runs.read_run(client, request.flow_run_id)
         state = run.state
         if state is not None and state.type in (StateType.CANCELLED, StateType.CANCELLING):
@@ -132,7 +131,7 @@ async def scheduled_requests(
     )
     corrections: Corrections = {}
     try:
-        async with get_client() as client:
+        async with prefect_runs.client() as client:
             scheduled_ids = await prefect_runs.scheduled_run_ids(
                 client, tags=prefect_runs.run_tags(campaign_id=campaign_id, org_id=org_id)
             )
@@ -183,7 +182,7 @@ async def report_links(
     state_type: StateType | None = None
     if request.flow_run_id is not None:
         try:
-            async with get_client() as client:
+            async with prefect_runs.client() as client:
                 run = await prefect_runs.read_run(client, request.flow_run_id)
             state_type = run.state.type if run.state else None
         except Exception as exc:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import (
     FlowRunFilter,
@@ -47,6 +49,32 @@ DEAD_RUN_MESSAGE = "Its worker stopped sending heartbeats: taken over by another
 WORKER_CLAIM_PREFIX = "campaign-trigger worker "
 
 _deployment_ids: dict[str, UUID] = {}
+_shared: dict[asyncio.AbstractEventLoop, PrefectClient] = {}
+
+
+@asynccontextmanager
+async def shared_client() -> AsyncIterator[PrefectClient]:
+    """Open a Prefect client that :func:`client` lends to every call on this event loop
+    until the block ends (the API's lifespan): one TLS context, one connection pool and
+    one CSRF token per process instead of one per cancel or list."""
+    loop = asyncio.get_running_loop()
+    async with get_client() as opened:
+        _shared[loop] = opened
+        try:
+            yield opened
+        finally:
+            _shared.pop(loop, None)
+
+
+@asynccontextmanager
+async def client() -> AsyncIterator[PrefectClient]:
+    """This loop's shared client (see :func:`shared_client`), else a new one for the call."""
+    lent = _shared.get(asyncio.get_running_loop())
+    if lent is not None:
+        yield lent
+        return
+    async with get_client() as opened:
+        yield opened
 
 
 @dataclass(frozen=True)

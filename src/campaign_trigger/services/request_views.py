@@ -25,14 +25,16 @@ def request_bodies(
     messages: dict[str, list[dict[str, Any]]] = {rid: [] for rid in json_ids}
     if json_ids:
         rows = session.exec(
-            select(RequestMessage)
+            select(
+                RequestMessage.request_id,
+                RequestMessage.user_id,
+                RequestMessage.template_variables,
+            )
             .where(col(RequestMessage.request_id).in_(json_ids))
             .order_by(col(RequestMessage.request_id), col(RequestMessage.seq))
-        ).all()
-        for row in rows:
-            messages[row.request_id].append(
-                {"user_id": row.user_id, "template_variables": row.template_variables or {}}
-            )
+        ).all()  # columns, not entities: a page holds up to 100 x 1,000 messages
+        for request_id, user_id, variables in rows:
+            messages[request_id].append({"user_id": user_id, "template_variables": variables or {}})
     bodies: list[dict[str, Any]] = []
     for r in requests:
         body: dict[str, Any] = {"request_id": r.id}

@@ -1,0 +1,329 @@
+"""The API under an open-loop load: creates of 100 JSON messages mixed with lists and cancels.
+
+Starts a private stack (Prefect server on SQLite, one ``campaign-trigger worker``, the
+sandbox providers), then ``campaign-trigger api --workers N`` and offers it a fixed
+arrival rate (open loop: an operation every 1/R s whatever the answers do) of, in every
+ten operations, eight creates of 100 JSON messages scheduled an hour ahead, one list of
+the campaign's scheduled requests and one cancel of an earlier create. For each rate it
+prints p50 and p99 of the creates' latency, errors, the API's CPU per create (all its
+processes) and whether the rate held (p99 <= 250 ms, no error). The knee is the highest
+rate that held. Afterwards every accepted create must be in the database: none lost.
+
+The reference, measured in the same run at the same rates and process count: a bare
+FastAPI application under the same uvicorn, one route that parses the same body into
+pydantic models of the specification's shape and answers a request id — the floor any
+Python API of this shape pays. Printed: our CPU per create against its CPU per call.
+
+``--profile DIR`` samples the API processes with py-spy (``pip install py-spy``) during
+the rate ``--profile-rate``.
+
+Usage: ``.venv/bin/python bench/api_creates.py [--rates 25 50 100] [--seconds 20]
+[--workers 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from harness import (
+    Audience,
+    Profile,
+    free_port,
+    member_token,
+    percentile,
+    private_stack,
+    seed_audience,
+    start_process,
+    stop_process,
+    wait_http,
+)
+
+TARGET_RATE = 100.0
+TARGET_P99 = 0.250
+MESSAGES = 100
+
+REFERENCE_APP = """
+import uuid
+from typing import Any
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+class Message(BaseModel):
+    user_id: str
+    template_variables: dict[str, Any] | None = None
+
+class Trigger(BaseModel):
+    campaign_id: str
+    send_at: str | None = None
+    messages: list[Message]
+
+app = FastAPI()
+
+@app.post("/api/campaigns/trigger")
+async def trigger(body: Trigger) -> dict[str, str]:
+    return {"request_id": uuid.uuid4().hex}
+"""
+
+
+class Api:
+    """An API (ours or the reference) as ``uvicorn --workers N`` child processes."""
+
+    def __init__(self, home: Path, name: str, argv: list[str], port: int, ready: str) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.process = start_process(home, name, argv, CT_API_PORT=str(port))
+        wait_http(f"{self.base}{ready}")
+
+    def cpu(self) -> float:
+        root = psutil.Process(self.process.pid)
+        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+
+    def processes(self) -> dict[str, psutil.Process]:
+        root = psutil.Process(self.process.pid)
+        children = root.children(recursive=True) or [root]
+        return {f"api-{n}": p for n, p in enumerate(children)}
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+class Load:
+    """One rate's operations and what they answered."""
+
+    def __init__(self) -> None:
+        self.create_latencies: list[float] = []
+        self.created: list[str] = []
+        self.errors: dict[str, int] = {}
+
+    def error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+
+def _body(campaign_id: str, users: list[str], n: int) -> dict[str, Any]:
+    send_at = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "campaign_id": campaign_id,
+        "send_at": send_at,
+        "messages": [
+            {
+                "user_id": users[(n * MESSAGES + k) % len(users)],
+                "template_variables": {"first_name": f"Ada{k}", "order_id": f"A-{n}-{k}"},
+            }
+            for k in range(MESSAGES)
+        ],
+    }
+
+
+async def _offer(
+    api: str, token: str, campaign_id: str, users: list[str], rate: float, seconds: float
+) -> Load:
+    load = Load()
+    operations = int(rate * seconds / 0.8)  # eight creates in every ten operations
+    bodies = [_body(campaign_id, users, n) for n in range(operations)]
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
+    headers = {"Authorization": f"Bearer {token}"}
+    start = time.monotonic()
+    async with httpx.AsyncClient(
+        base_url=api, timeout=10, headers=headers, limits=limits
+    ) as client:
+
+        async def create(n: int) -> None:
+            began = time.monotonic()
+            answer = await client.post("/api/campaigns/trigger", json=bodies[n])
+            if answer.status_code != 200:
+                load.error(f"create {answer.status_code}")
+                return
+            load.create_latencies.append(time.monotonic() - began)
+            load.created.append(answer.json()["request_id"])
+
+        async def listing() -> None:
+            answer = await client.get(f"/api/campaigns/{campaign_id}/request/scheduled")
+            if answer.status_code != 200:
+                load.error(f"list {answer.status_code}")
+
+        async def cancel() -> None:
+            if not load.created:
+                return
+            request_id = load.created.pop(0)
+            answer = await client.put(f"/api/campaigns/request/{request_id}/cancel")
+            if answer.status_code != 200:
+                load.error(f"cancel {answer.status_code}")
+                load.created.append(request_id)
+
+        async def one(n: int) -> None:
+            await asyncio.sleep(max(0.0, start + n / (rate / 0.8) - time.monotonic()))
+            kind = n % 10
+            try:
+                await (listing() if kind == 4 else cancel() if kind == 9 else create(n))
+            except httpx.HTTPError as exc:
+                load.error(type(exc).__name__)
+
+        await asyncio.gather(*(one(n) for n in range(operations)))
+    return load
+
+
+async def _offer_reference(
+    api: str, campaign_id: str, users: list[str], rate: float, seconds: float
+) -> Load:
+    load = Load()
+    calls = int(rate * seconds)
+    bodies = [_body(campaign_id, users, n) for n in range(calls)]
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
+    start = time.monotonic()
+    async with httpx.AsyncClient(base_url=api, timeout=60, limits=limits) as client:
+
+        async def one(n: int) -> None:
+            await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+            began = time.monotonic()
+            answer = await client.post("/api/campaigns/trigger", json=bodies[n])
+            if answer.status_code != 200:
+                load.error(f"create {answer.status_code}")
+                return
+            load.create_latencies.append(time.monotonic() - began)
+
+        await asyncio.gather(*(one(n) for n in range(calls)))
+    return load
+
+
+def _line(label: str, rate: float, load: Load, cpu: float) -> tuple[str, bool]:
+    latencies = load.create_latencies or [float("inf")]
+    p99 = percentile(latencies, 0.99)
+    held = not load.errors and p99 <= TARGET_P99
+    errors = ", ".join(f"{k} x{v}" for k, v in load.errors.items()) or "none"
+    return (
+        f"  {label:<9} {rate:6.0f} creates/s: p50 {statistics.median(latencies) * 1000:6.0f} ms"
+        f"  p99 {p99 * 1000:6.0f} ms  errors {errors}  CPU {cpu * 1000:5.1f} ms per create"
+        f"  {'held' if held else 'NOT held'}",
+        held,
+    )
+
+
+def _stored(request_ids: list[str]) -> int:
+    from sqlmodel import col, func, select
+
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import Request
+
+    with session_scope() as session:
+        found = session.exec(select(func.count()).where(col(Request.id).in_(request_ids))).one()
+    return int(found)
+
+
+class Run:
+    """What one process count measured: knee and CPU per create of ours and the reference."""
+
+    def __init__(self) -> None:
+        self.knee = {"ours": 0.0, "reference": 0.0}
+        self.cpu: dict[str, list[float]] = {"ours": [], "reference": []}
+        self.accepted: list[str] = []
+
+    def record(self, label: str, rate: float, api: Api, before: float, load: Load) -> None:
+        cpu = (api.cpu() - before) / max(1, len(load.create_latencies))
+        self.cpu[label].append(cpu)
+        line, held = _line(label, rate, load, cpu)
+        print(line, flush=True)
+        if held:
+            self.knee[label] = max(self.knee[label], rate)
+        self.accepted += load.created if label == "ours" else []
+
+
+def _measure_ours(
+    args: argparse.Namespace, home: Path, audience: Audience, token: str, run: Run
+) -> None:
+    cli = [sys.executable, "-m", "campaign_trigger.cli"]
+    port = free_port()
+    ours = Api(home, "api", [*cli, "api", "--workers", str(args.workers)], port, "/health")
+    try:
+        for rate in args.rates:
+            profile = None
+            if args.profile and rate == args.profile_rate:
+                profile = Profile(args.profile, ours.processes(), args.seconds)
+            before = ours.cpu()
+            load = asyncio.run(
+                _offer(ours.base, token, audience.campaign_id, audience.users, rate, args.seconds)
+            )
+            run.record("ours", rate, ours, before, load)
+            if profile is not None:
+                profile.cpu_per_request(len(load.create_latencies))
+    finally:
+        ours.stop()
+
+
+def _measure_reference(args: argparse.Namespace, home: Path, audience: Audience, run: Run) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="bench-reference-api-"))
+    (folder / "reference_api.py").write_text(REFERENCE_APP)
+    port = free_port()
+    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(folder), "reference_api:app"]
+    argv += ["--port", str(port), "--workers", str(args.workers), "--no-access-log"]
+    reference = Api(home, "reference", [*argv, "--log-level", "warning"], port, "/docs")
+    try:
+        for rate in args.rates:
+            before = reference.cpu()
+            load = asyncio.run(
+                _offer_reference(
+                    reference.base, audience.campaign_id, audience.users, rate, args.seconds
+                )
+            )
+            run.record("reference", rate, reference, before, load)
+    finally:
+        reference.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rates", type=float, nargs="+", default=[25.0, 50.0, 100.0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, default=2, help="API processes")
+    parser.add_argument("--profile", type=Path, help="py-spy the API into this folder")
+    parser.add_argument("--profile-rate", type=float, default=50.0)
+    args = parser.parse_args()
+    cli = [sys.executable, "-m", "campaign_trigger.cli"]
+    with private_stack() as home:
+        os.environ.update(
+            {"CT_SANDBOX_PORT": str(free_port()), "CT_SANDBOX_TLS_PORT": str(free_port())}
+        )
+        from campaign_trigger.config import get_settings
+
+        get_settings.cache_clear()
+        audience = seed_audience(MESSAGES * 10)
+        token = member_token(audience.org_id)
+        others = [
+            start_process(home, "sandbox", [*cli, "sandbox"]),
+            start_process(home, "worker", [*cli, "worker"]),
+        ]
+        run = Run()
+        try:
+            _measure_ours(args, home, audience, token, run)
+            _measure_reference(args, home, audience, run)
+        finally:
+            for process in others:
+                stop_process(process)
+        ours, reference = (statistics.median(run.cpu[k]) for k in ("ours", "reference"))
+        knee = run.knee["ours"]
+        print(
+            f"{args.workers} API process(es): knee {knee:.0f} creates/s (target >= "
+            f"{TARGET_RATE:.0f} with p99 <= {TARGET_P99 * 1000:.0f} ms and no error: "
+            f"{'met' if knee >= TARGET_RATE else 'NOT met'}), reference "
+            f"{run.knee['reference']:.0f}; API CPU per create {ours * 1000:.1f} ms (target <= "
+            f"10: {'met' if ours <= 0.010 else 'NOT met'}), reference {reference * 1000:.1f} ms, "
+            f"ratio {ours / reference:.1f}x; accepted creates stored "
+            f"{_stored(run.accepted)}/{len(run.accepted)}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
