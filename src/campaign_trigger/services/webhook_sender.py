@@ -9,7 +9,8 @@ else (another status, a timeout, a refused connection) schedules the next try af
 until ``webhook_retry_window_seconds`` after the event (24 h by default), when it is
 given up. A sender that dies mid-POST leaves its lease to expire: the event is sent
 again, with the same id. Report links are signed at each attempt (valid an hour from
-then, as the reports route gives them).
+then, as the reports route gives them). Events settled (delivered or given up) are
+forgotten with their attempts after ``report_retention_days``, as the reports are.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from sqlmodel import col, select
 from campaign_trigger import __version__
 from campaign_trigger.client.webhooks import SIGNATURE_HEADER, signature_header
 from campaign_trigger.config import Settings
+from campaign_trigger.services import webhooks
 from campaign_trigger.services.sealed import SealError, unseal
 from campaign_trigger.services.signing import signed_url
-from campaign_trigger.services.webhooks import secret_context
 from campaign_trigger.store.db import Sessions
 from campaign_trigger.store.models import (
     WebhookAttempt,
@@ -44,6 +45,7 @@ from campaign_trigger.store.models import (
 logger = logging.getLogger(__name__)
 
 LEASE_MARGIN_SECONDS = 30.0
+PURGE_EVERY_SECONDS = 3600.0
 MAX_ERROR_LENGTH = 300
 
 
@@ -107,7 +109,7 @@ def claim_due(*, sessions: Sessions, settings: Settings, limit: int) -> list[Job
         for delivery, endpoint in rows:
             try:
                 secret = unseal(
-                    settings, endpoint.sealed_secret, context=secret_context(endpoint.id)
+                    settings, endpoint.sealed_secret, context=webhooks.secret_context(endpoint.id)
                 ).decode()
             except SealError as exc:
                 logger.error("webhook %s: %s", endpoint.id, exc)
@@ -211,6 +213,13 @@ async def _send(
         logger.warning("webhook attempt of delivery %d not recorded: %r", job.delivery_id, exc)
 
 
+def purge(*, sessions: Sessions, settings: Settings) -> int:
+    """Forget the events settled more than the retention period ago."""
+    before = utcnow() - timedelta(days=settings.report_retention_days)
+    with sessions() as session:
+        return webhooks.purge_settled(session=session, before=before)
+
+
 async def run_sender(
     *,
     sessions: Sessions,
@@ -222,7 +231,14 @@ async def run_sender(
     in_flight: set[asyncio.Task[None]] = set()
     async with httpx.AsyncClient(transport=transport, follow_redirects=False) as client:
         try:
+            purged_at = -PURGE_EVERY_SECONDS
             while not stop.is_set():
+                if time.monotonic() - purged_at >= PURGE_EVERY_SECONDS:
+                    purged_at = time.monotonic()
+                    try:
+                        await asyncio.to_thread(purge, sessions=sessions, settings=settings)
+                    except Exception as exc:  # tried again in an hour
+                        logger.warning("webhook purge: %r", exc)
                 free = settings.webhook_concurrency - len(in_flight)
                 jobs: list[Job] = []
                 if free > 0:

@@ -176,6 +176,19 @@ def attempts(
     ]
 
 
+def purge_settled(*, session: Session, before: datetime) -> int:
+    """Forget events delivered or given up that happened before ``before``, with their
+    attempts (the caller commits); returns how many."""
+    settled = select(WebhookDelivery.id).where(
+        col(WebhookDelivery.next_attempt_at).is_(None), col(WebhookDelivery.created_at) < before
+    )
+    ids = list(session.exec(settled).all())
+    if ids:
+        session.exec(delete(WebhookAttempt).where(col(WebhookAttempt.delivery_id).in_(ids)))
+        session.exec(delete(WebhookDelivery).where(col(WebhookDelivery.id).in_(ids)))
+    return len(ids)
+
+
 def _counts(session: Session, request_id: str) -> dict[str, int]:
     """The request's report rows per outcome (``sent``, or the report's error message)."""
     rows = session.exec(

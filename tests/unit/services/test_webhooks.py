@@ -226,3 +226,30 @@ def test_a_failed_attempt_is_recorded_and_retried_until_the_window_closes(
     session.commit()
     assert session.exec(select(WebhookAttempt)).all() == []
     assert _deliveries(session, request_id) == []
+
+
+def test_settled_events_are_forgotten_after_the_retention_period(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
+    old, pending, recent = (_request(session, org) for _ in range(3))
+    for request_id in (old, pending, recent):
+        set_state(session=session, request_id=request_id, state=RequestState.failed)
+    session.flush()
+    rows = {d.request_id: d for d in session.exec(select(WebhookDelivery))}
+    long_ago = datetime.now(UTC) - timedelta(days=40)
+    rows[old].created_at, rows[old].next_attempt_at = long_ago, None
+    rows[pending].created_at = long_ago  # still to be tried: kept
+    rows[recent].next_attempt_at = None
+    assert rows[old].id is not None
+    session.add(
+        WebhookAttempt(
+            delivery_id=rows[old].id, attempted_at=long_ago, status_code=200, duration_ms=1
+        )
+    )
+    session.commit()
+    before = datetime.now(UTC) - timedelta(days=30)
+    assert webhooks.purge_settled(session=session, before=before) == 1
+    session.commit()
+    assert {d.request_id for d in session.exec(select(WebhookDelivery))} == {pending, recent}
+    assert session.exec(select(WebhookAttempt)).all() == []
