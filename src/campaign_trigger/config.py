@@ -126,7 +126,33 @@ class Settings(BaseSettings):
         description="Send every app's pushes, with its own credentials, to the configured "
         "base URLs even when they are the sandbox's (staging, tests); otherwise an app's own "
         "credentials go to Google and Apple unless CT_FCM_BASE_URL / CT_APNS_BASE_URL name "
-        "another host.",
+        "another host. Sandbox mode also lets completion webhooks be registered with http:// "
+        "URLs (https:// only otherwise).",
+    )
+
+    webhook_retry_first_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Completion webhooks: the wait before the first retry of a refused or "
+        "failed POST; each next wait doubles, up to webhook_retry_max_interval_seconds.",
+    )
+    webhook_retry_max_interval_seconds: float = Field(
+        default=3600.0, gt=0, description="Completion webhooks: the longest wait between tries."
+    )
+    webhook_retry_window_seconds: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="Completion webhooks: an event not accepted this long after it happened "
+        "is given up.",
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Completion webhooks: the time one POST may take."
+    )
+    webhook_poll_seconds: float = Field(
+        default=1.0, gt=0, description="Completion webhooks: how often workers look for due events."
+    )
+    webhook_concurrency: int = Field(
+        default=16, gt=0, description="Completion webhooks: POSTs in flight per worker process."
     )
 
     @field_validator("secret_key")

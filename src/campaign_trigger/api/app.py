@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from campaign_trigger import __version__
-from campaign_trigger.api import auth, campaigns, devices, files
+from campaign_trigger.api import auth, campaigns, devices, files, webhooks
 from campaign_trigger.api.docs import install_docs
 from campaign_trigger.api.errors import customise_openapi, install_error_handlers
 from campaign_trigger.api.limits import BodyLimitMiddleware
@@ -145,6 +145,7 @@ def create_app() -> FastAPI:
     app.include_router(campaigns.router)
     app.include_router(files.router)
     app.include_router(devices.router)
+    app.include_router(webhooks.router)
 
     @app.get(
         "/health",

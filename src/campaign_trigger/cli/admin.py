@@ -10,11 +10,11 @@ from typing import Annotated
 
 import typer
 
-from campaign_trigger.cli import campaigns, credentials, identity
+from campaign_trigger.cli import campaigns, credentials, identity, webhooks
 from campaign_trigger.cli.base import app, fail, in_session, migrate, say
 
 admin_app = typer.Typer(
-    help="Administer tenants: organisations, accounts, apps, campaigns, devices.",
+    help="Administer tenants: organisations, accounts, apps, campaigns, devices, webhooks.",
     no_args_is_help=True,
 )
 app.add_typer(admin_app, name="admin")
@@ -89,6 +89,7 @@ def admin_create_app(
 identity.register(admin_app, in_session=in_session, say=say)
 credentials.register(admin_app, in_session=in_session, say=say, fail=fail)
 campaigns.register(admin_app, in_session=in_session, say=say, fail=fail)
+webhooks.register(admin_app, in_session=in_session, say=say)
 
 
 @admin_app.command("launch-campaign")

@@ -25,6 +25,9 @@ server's ``error_message`` and the HTTP ``status_code``::
     └── ServerError             5xx
 
 Network failures are httpx's own exceptions (``httpx.TransportError``).
+
+:func:`verify_signature` checks a completion webhook's ``Campaign-Trigger-Signature``
+(``docs/webhooks.md``).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from campaign_trigger.client.errors import (
 )
 from campaign_trigger.client.models import CreatedRequest, Report, RequestInfo, ScheduledPage
 from campaign_trigger.client.sync_client import TriggerClient
+from campaign_trigger.client.webhooks import SIGNATURE_HEADER, verify_signature
 from campaign_trigger.schemas.api import Message
 
 __all__ = [
+    "SIGNATURE_HEADER",
     "AsyncTriggerClient",
     "AuthError",
     "BadRequest",
@@ -60,4 +65,5 @@ __all__ = [
     "ServerError",
     "TriggerAPIError",
     "TriggerClient",
+    "verify_signature",
 ]

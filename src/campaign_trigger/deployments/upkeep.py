@@ -1,6 +1,7 @@
 """What a delivery worker process does beside Prefect's own worker loops.
 
 * the outbox reconciler (``services.scheduling.run_reconciler``);
+* the completion webhooks' sender (``services.webhook_sender.run_sender``);
 * stopping a run of this worker cancelled while running (the UI's Cancel: Cancelling);
 * taking over the runs of dead workers. Liveness is Prefect's: every run sends
   flow-run heartbeats, and the automation ``register.ZOMBIE_AUTOMATION`` marks a run
@@ -23,8 +24,15 @@ from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, StateType
 
+from campaign_trigger.config import get_settings
 from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
-from campaign_trigger.services import delivery_run, prefect_runs, request_states, scheduling
+from campaign_trigger.services import (
+    delivery_run,
+    prefect_runs,
+    request_states,
+    scheduling,
+    webhook_sender,
+)
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import RequestState
 
@@ -151,6 +159,7 @@ async def run_loops(
     loops = [
         _every(2.0, stop, "cancel watch", lambda c: stop_cancelled_runs(workers, c)),
         _every(2.0, stop, "dead-run sweep", lambda c: retake_dead_runs(workers, c)),
+        webhook_sender.run_sender(sessions=session_scope, settings=get_settings(), stop=stop),
     ]
     if reconcile:
         loops.append(

@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
-from campaign_trigger.services import lookup, prefect_runs, request_states
+from campaign_trigger.services import lookup, prefect_runs, request_states, webhooks
 from campaign_trigger.services.signing import signed_url
 from campaign_trigger.store.models import Campaign, Channel, Request, RequestState
 
@@ -57,8 +57,13 @@ def _cancel_in_outbox(session: Session, request_id: str) -> bool:
         .where(col(Request.state) == RequestState.scheduled)
         .values(state=RequestState.canceled)
     )
+    cancelled = bool(getattr(result, "rowcount", 0))
+    if cancelled:
+        webhooks.record_final_state(
+            session=session, request_id=request_id, state=RequestState.canceled
+        )
     session.commit()
-    return bool(getattr(result, "rowcount", 0))
+    return cancelled
 
 
 async def cancel_request(*, session: Session, org_id: int, request_id: str) -> Request:

@@ -22,6 +22,7 @@ from sqlalchemy import select, update
 from sqlmodel import Session, col
 
 from campaign_trigger.config import Settings
+from campaign_trigger.services import request_states
 from campaign_trigger.store.files import get_storage, report_key
 from campaign_trigger.store.models import Outcome, Request, RequestState
 
@@ -139,13 +140,11 @@ def write_reports(
 
 
 def mark_processed(*, session: Session, request_id: str, report_paths: list[str]) -> None:
-    """The request is processed: its reports are these files (the caller commits)."""
+    """The request is processed: its reports are these files (the caller commits). The
+    first time, its completion webhooks are queued in the same transaction."""
     session.execute(
         update(Request)
         .where(col(Request.id) == request_id)
-        .values(
-            state=RequestState.processed,
-            processed_at=datetime.now(UTC),
-            report_paths=report_paths,
-        )
+        .values(processed_at=datetime.now(UTC), report_paths=report_paths)
     )
+    request_states.set_state(session=session, request_id=request_id, state=RequestState.processed)

@@ -4,7 +4,7 @@ The flow run's state is the request's state (DESIGN §3); ``Request.state`` mirr
 for queries. :func:`mirror_of` is THE mapping from a Prefect state type to a request
 state, used by the API's reads, the reconciler and the workers; :func:`set_state`
 writes the mirror, optionally only from the state the caller saw (so a correction never
-overwrites a newer write).
+overwrites a newer write), and queues the completion webhooks of a final state.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from prefect.client.schemas.objects import StateType
 from sqlalchemy import update
 from sqlmodel import Session, col
 
+from campaign_trigger.services import webhooks
 from campaign_trigger.store.models import Request, RequestState
 
 _MIRROR = {
@@ -49,9 +50,14 @@ def set_state(
     only_from: Collection[RequestState] | None = None,
 ) -> bool:
     """Mirror ``state`` on the request (only from ``only_from`` when given); True if
-    written (the caller commits)."""
+    it changed (the caller commits). A request reaching a final state queues its
+    completion webhooks in the same transaction."""
     statement = update(Request).where(col(Request.id) == request_id)
+    statement = statement.where(col(Request.state) != state)
     if only_from is not None:
         statement = statement.where(col(Request.state).in_(list(only_from)))
     result = session.execute(statement.values(state=state))
-    return bool(getattr(result, "rowcount", 0))
+    changed = bool(getattr(result, "rowcount", 0))
+    if changed:
+        webhooks.record_final_state(session=session, request_id=request_id, state=state)
+    return changed

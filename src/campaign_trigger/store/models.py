@@ -382,3 +382,59 @@ class SignInFailure(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     key: str = Field(max_length=80)
     failed_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+
+
+class WebhookEndpoint(SQLModel, table=True):
+    """A URL an organisation registered for completion events (``services/webhooks.py``).
+
+    The signing secret is shown once, at registration, and stored only sealed.
+    """
+
+    id: str = Field(primary_key=True, max_length=64)  # whk_...
+    org_id: int = Field(foreign_key="organisation.id", index=True)
+    url: str = Field(sa_column=Column(Text, nullable=False))
+    sealed_secret: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event for one endpoint: the webhooks' outbox, written in the transaction that
+    gives the request its final state; the sender takes the due rows (``next_attempt_at``)
+    until one attempt is accepted or the retry window closes."""
+
+    __table_args__ = (
+        UniqueConstraint("endpoint_id", "event_id"),
+        Index("ix_webhookdelivery_due", "next_attempt_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    endpoint_id: str = Field(foreign_key="webhookendpoint.id", max_length=64)
+    event_id: str = Field(max_length=64)  # evt_...: the same on every attempt
+    event_type: str = Field(max_length=64)
+    request_id: str = Field(max_length=64)
+    payload: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(
+        default_factory=utcnow, sa_column=Column(UTCDateTime(), nullable=False)
+    )
+    next_attempt_at: datetime | None = Field(  # None: delivered, or given up
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+    attempt_count: int = Field(default=0, ge=0)
+    delivered_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+
+
+class WebhookAttempt(SQLModel, table=True):
+    """One POST of an event to an endpoint: its answer's status, or the error."""
+
+    __table_args__ = (Index("ix_webhookattempt_delivery", "delivery_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    delivery_id: int = Field(foreign_key="webhookdelivery.id")
+    attempted_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    status_code: int | None = None
+    error: str | None = Field(default=None, max_length=300)
+    duration_ms: int = Field(ge=0)

@@ -33,6 +33,7 @@ PAGES = [
     "docs/postgres-and-workers.md",
     "docs/devices-and-inbox.md",
     "docs/apps-and-credentials.md",
+    "docs/webhooks.md",
     "docs/security.md",
     "docs/sandbox.md",
     "docs/benchmarks.md",

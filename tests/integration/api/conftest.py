@@ -37,8 +37,9 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="session")
 def api_server(session_dir: Path) -> Iterator[Server]:
-    """The real API server (uvicorn), sharing the session's database."""
-    server = start_api_server(session_dir)
+    """The real API server (uvicorn), sharing the session's database; never in sandbox
+    mode, whichever suite set CT_SEND_TO_SANDBOX for its own sandbox first."""
+    server = start_api_server(session_dir, CT_SEND_TO_SANDBOX="false")
     try:
         yield server
     finally:

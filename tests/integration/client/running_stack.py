@@ -45,7 +45,13 @@ def running_stack(
     """Sandbox, API and (optionally) a delivery worker; stopped on exit."""
     exe = str(VENV_BIN / "campaign-trigger")
     api_port, sandbox_port = free_port(), free_port()
-    env = {"CT_API_PORT": str(api_port), "CT_SANDBOX_PORT": str(sandbox_port), **(extra_env or {})}
+    env = {
+        "CT_API_PORT": str(api_port),
+        "CT_SANDBOX_PORT": str(sandbox_port),
+        # not the default 8443: another stack on the machine (a test's, a developer's) has it
+        "CT_SANDBOX_TLS_PORT": str(free_port()),
+        **(extra_env or {}),
+    }
     stack = RunningStack(
         api_url=f"http://127.0.0.1:{api_port}",
         sandbox_url=f"http://127.0.0.1:{sandbox_port}",

@@ -240,3 +240,52 @@ def test_complete_payload_columns_migrate_with_defaults(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_complete_payload_columns_migrate_with_defaults_on_postgres(postgres_url: str) -> None:
     _payload_migration(postgres_url)
+
+
+def _webhooks_migration(url: str) -> None:
+    """0006_webhooks adds the endpoints, their outbox and attempts, and drops them."""
+    upgrade(url, "0005")
+    when = "2026-01-01 00:00:00.000000"
+    with engine_for(url).begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+                "VALUES (1, 'o', 1, 'monthly', :when)"
+            ),
+            {"when": when},
+        )
+    upgrade(url)
+    with engine_for(url).begin() as connection:
+        for statement in (
+            "INSERT INTO webhookendpoint (id, org_id, url, sealed_secret, created_at) "
+            "VALUES ('whk_1', 1, 'https://e.com', 'v1.x', :when)",
+            "INSERT INTO webhookdelivery (id, endpoint_id, event_id, event_type, request_id, "
+            "payload, created_at, next_attempt_at, attempt_count) VALUES (1, 'whk_1', 'evt_1', "
+            "'request.failed', 'r', '{}', :when, :when, 0)",
+            "INSERT INTO webhookattempt (delivery_id, attempted_at, status_code, duration_ms) "
+            "VALUES (1, :when, 500, 3)",
+        ):
+            connection.execute(sa.text(statement), {"when": when})
+        # one delivery of an event per endpoint
+        with pytest.raises(sa.exc.IntegrityError), connection.begin_nested():
+            connection.execute(
+                sa.text(
+                    "INSERT INTO webhookdelivery (endpoint_id, event_id, event_type, "
+                    "request_id, payload, created_at, attempt_count) VALUES ('whk_1', 'evt_1', "
+                    "'request.failed', 'r', '{}', :when, 0)"
+                ),
+                {"when": when},
+            )
+    downgrade(url, "0005")
+    assert not {"webhookendpoint", "webhookdelivery", "webhookattempt"} & _tables(url)
+    with engine_for(url).connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM organisation")).scalar() == 1
+
+
+def test_webhook_tables_migrate_up_and_down(tmp_path: Path) -> None:
+    _webhooks_migration(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_webhook_tables_migrate_up_and_down_on_postgres(postgres_url: str) -> None:
+    _webhooks_migration(postgres_url)

@@ -1,0 +1,263 @@
+"""The completion webhooks' sender: drains the webhooks' outbox (``WebhookDelivery``).
+
+Each worker process runs :func:`run_sender` beside its other upkeep loops. A due row is
+claimed race-free (its ``next_attempt_at`` moved to the end of a lease, only from the
+value read), POSTed with httpx, signed (``client/webhooks.py``), and its attempt
+recorded: time, status code or error, duration. A 2xx answer delivers it; anything
+else (another status, a timeout, a refused connection) schedules the next try after
+``webhook_retry_first_seconds``, doubling up to ``webhook_retry_max_interval_seconds``,
+until ``webhook_retry_window_seconds`` after the event (24 h by default), when it is
+given up. A sender that dies mid-POST leaves its lease to expire: the event is sent
+again, with the same id. Report links are signed at each attempt (valid an hour from
+then, as the reports route gives them). Events settled (delivered or given up) are
+forgotten with their attempts after ``report_retention_days``, as the reports are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import update
+from sqlmodel import col, select
+
+from campaign_trigger import __version__
+from campaign_trigger.client.webhooks import SIGNATURE_HEADER, signature_header
+from campaign_trigger.config import Settings
+from campaign_trigger.services import webhooks
+from campaign_trigger.services.sealed import SealError, unseal
+from campaign_trigger.services.signing import signed_url
+from campaign_trigger.store.db import Sessions
+from campaign_trigger.store.models import (
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    utcnow,
+)
+
+logger = logging.getLogger(__name__)
+
+LEASE_MARGIN_SECONDS = 30.0
+PURGE_EVERY_SECONDS = 3600.0
+MAX_ERROR_LENGTH = 300
+
+
+@dataclass(frozen=True)
+class Job:
+    delivery_id: int
+    url: str
+    secret: str
+    body: bytes
+
+
+def retry_delay(settings: Settings, attempt_count: int) -> float:
+    """The wait after the ``attempt_count``-th failed attempt (1, 2, ...)."""
+    delay = settings.webhook_retry_first_seconds * 2 ** min(attempt_count - 1, 40)
+    return float(min(delay, settings.webhook_retry_max_interval_seconds))
+
+
+def event_body(settings: Settings, delivery: WebhookDelivery) -> bytes:
+    """The JSON the receiver gets: the event, with freshly signed report links."""
+    data: dict[str, Any] = dict(delivery.payload)
+    data["reports"] = [
+        signed_url(settings=settings, path=f"/files/{key}") for key in data.pop("report_paths", [])
+    ]
+    event = {
+        "id": delivery.event_id,
+        "type": delivery.event_type,
+        "created_at": delivery.created_at.isoformat().replace("+00:00", "Z"),
+        "data": data,
+    }
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def claim_due(*, sessions: Sessions, settings: Settings, limit: int) -> list[Job]:
+    """Lease up to ``limit`` due events (no other sender takes them meanwhile)."""
+    now = utcnow()
+    lease = now + timedelta(seconds=settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS)
+    with sessions() as session:
+        due = session.exec(
+            select(WebhookDelivery.id, WebhookDelivery.next_attempt_at)
+            .where(col(WebhookDelivery.next_attempt_at) <= now)
+            .order_by(col(WebhookDelivery.next_attempt_at))
+            .limit(limit)
+        ).all()
+        claimed: list[int] = []
+        for delivery_id, seen in due:
+            result = session.execute(
+                update(WebhookDelivery)
+                .where(col(WebhookDelivery.id) == delivery_id)
+                .where(col(WebhookDelivery.next_attempt_at) == seen)
+                .values(next_attempt_at=lease)
+            )
+            if getattr(result, "rowcount", 0) and delivery_id is not None:
+                claimed.append(delivery_id)
+        session.commit()
+        rows = session.exec(
+            select(WebhookDelivery, WebhookEndpoint)
+            .join(WebhookEndpoint, col(WebhookEndpoint.id) == col(WebhookDelivery.endpoint_id))
+            .where(col(WebhookDelivery.id).in_(claimed))
+        ).all()
+        jobs = []
+        for delivery, endpoint in rows:
+            try:
+                secret = unseal(
+                    settings, endpoint.sealed_secret, context=webhooks.secret_context(endpoint.id)
+                ).decode()
+            except SealError as exc:
+                logger.error("webhook %s: %s", endpoint.id, exc)
+                continue  # tried again when its lease ends, should the secret come back
+            assert delivery.id is not None
+            jobs.append(Job(delivery.id, endpoint.url, secret, event_body(settings, delivery)))
+        return jobs
+
+
+def _describe(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:MAX_ERROR_LENGTH]
+
+
+async def attempt(
+    client: httpx.AsyncClient, settings: Settings, job: Job
+) -> tuple[int | None, str | None, int]:
+    """POST the event once: (status code, error, duration in ms)."""
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": f"campaign-trigger-webhooks/{__version__}",
+        SIGNATURE_HEADER: signature_header(job.body, job.secret),
+    }
+    started = time.monotonic()
+    status: int | None = None
+    error: str | None = None
+    try:
+        async with asyncio.timeout(settings.webhook_timeout_seconds):
+            response = await client.post(job.url, content=job.body, headers=headers)
+        status = response.status_code
+        if not 200 <= status < 300:
+            error = f"HTTP {status}"
+    except TimeoutError:
+        error = f"no answer in {settings.webhook_timeout_seconds:g} s"
+    except httpx.HTTPError as exc:
+        error = _describe(exc)
+    return status, error, int((time.monotonic() - started) * 1000)
+
+
+def record_attempt(
+    *,
+    sessions: Sessions,
+    settings: Settings,
+    delivery_id: int,
+    attempted_at: datetime,
+    status_code: int | None,
+    error: str | None,
+    duration_ms: int,
+) -> None:
+    """Write the attempt; deliver the event, or schedule its next try (or give it up)."""
+    with sessions() as session:
+        delivery = session.get(WebhookDelivery, delivery_id)
+        if delivery is None:  # its endpoint was removed meanwhile
+            return
+        session.add(
+            WebhookAttempt(
+                delivery_id=delivery_id,
+                attempted_at=attempted_at,
+                status_code=status_code,
+                error=error,
+                duration_ms=duration_ms,
+            )
+        )
+        delivery.attempt_count += 1
+        if error is None:
+            delivery.delivered_at = utcnow()
+            delivery.next_attempt_at = None
+        else:
+            after = utcnow() + timedelta(seconds=retry_delay(settings, delivery.attempt_count))
+            window_end = delivery.created_at + timedelta(
+                seconds=settings.webhook_retry_window_seconds
+            )
+            delivery.next_attempt_at = after if after <= window_end else None
+            if delivery.next_attempt_at is None:
+                logger.warning(
+                    "webhook event %s given up after %d attempts (last: %s)",
+                    delivery.event_id,
+                    delivery.attempt_count,
+                    error,
+                )
+        session.add(delivery)
+
+
+async def _send(
+    client: httpx.AsyncClient, *, sessions: Sessions, settings: Settings, job: Job
+) -> None:
+    attempted_at = utcnow()
+    status, error, duration = await attempt(client, settings, job)
+    try:
+        await asyncio.to_thread(
+            record_attempt,
+            sessions=sessions,
+            settings=settings,
+            delivery_id=job.delivery_id,
+            attempted_at=attempted_at,
+            status_code=status,
+            error=error,
+            duration_ms=duration,
+        )
+    except Exception as exc:  # the lease ends and the event goes again, same id
+        logger.warning("webhook attempt of delivery %d not recorded: %r", job.delivery_id, exc)
+
+
+def purge(*, sessions: Sessions, settings: Settings) -> int:
+    """Forget the events settled more than the retention period ago."""
+    before = utcnow() - timedelta(days=settings.report_retention_days)
+    with sessions() as session:
+        return webhooks.purge_settled(session=session, before=before)
+
+
+async def run_sender(
+    *,
+    sessions: Sessions,
+    settings: Settings,
+    stop: asyncio.Event,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> None:
+    """Send due events, ``webhook_concurrency`` at a time, until ``stop``."""
+    in_flight: set[asyncio.Task[None]] = set()
+    async with httpx.AsyncClient(transport=transport, follow_redirects=False) as client:
+        try:
+            purged_at = -PURGE_EVERY_SECONDS
+            while not stop.is_set():
+                if time.monotonic() - purged_at >= PURGE_EVERY_SECONDS:
+                    purged_at = time.monotonic()
+                    try:
+                        await asyncio.to_thread(purge, sessions=sessions, settings=settings)
+                    except Exception as exc:  # tried again in an hour
+                        logger.warning("webhook purge: %r", exc)
+                free = settings.webhook_concurrency - len(in_flight)
+                jobs: list[Job] = []
+                if free > 0:
+                    try:
+                        jobs = await asyncio.to_thread(
+                            claim_due, sessions=sessions, settings=settings, limit=free
+                        )
+                    except Exception as exc:  # database busy or away: next round
+                        logger.warning("webhook sender: %r", exc)
+                for job in jobs:
+                    task = asyncio.create_task(
+                        _send(client, sessions=sessions, settings=settings, job=job)
+                    )
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                if not jobs:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), settings.webhook_poll_seconds)
+        finally:
+            for task in in_flight:
+                task.cancel()  # their leases end, and another round sends them again
+            await asyncio.gather(*in_flight, return_exceptions=True)

@@ -1,0 +1,255 @@
+"""Completion webhooks on a real SQLite session: which URLs may be registered, the
+secret kept sealed, one event per endpoint queued with a request's final state (and
+only when it changes), and the retry schedule of the sender's bookkeeping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlmodel import Session, col, select
+
+from campaign_trigger.config import Settings
+from campaign_trigger.errors import InvalidInput
+from campaign_trigger.services import lifecycle, reports, webhooks
+from campaign_trigger.services.request_states import set_state
+from campaign_trigger.services.sealed import unseal
+from campaign_trigger.services.webhook_sender import record_attempt, retry_delay
+from campaign_trigger.store.models import (
+    Channel,
+    MessageSource,
+    Outcome,
+    Request,
+    RequestState,
+    WebhookAttempt,
+    WebhookDelivery,
+)
+from service_support import Org, make_org
+
+
+def _request(session: Session, org: Org) -> str:
+    request = Request(
+        org_id=org.org_id,
+        campaign_id=org.campaign_id,
+        send_at=datetime.now(UTC),
+        source=MessageSource.json,
+        message_count=3,
+    )
+    session.add(request)
+    session.commit()
+    return request.id
+
+
+def _deliveries(session: Session, request_id: str) -> list[WebhookDelivery]:
+    return list(
+        session.exec(select(WebhookDelivery).where(WebhookDelivery.request_id == request_id))
+    )
+
+
+def test_https_is_required_outside_sandbox_mode(settings: Settings) -> None:
+    with pytest.raises(InvalidInput, match="https://"):
+        webhooks.check_url(settings=settings, url="http://example.com/hook")
+    assert webhooks.check_url(settings=settings, url=" https://example.com/h ") == (
+        "https://example.com/h"
+    )
+    sandbox = settings.model_copy(update={"send_to_sandbox": True})
+    assert webhooks.check_url(settings=sandbox, url="http://127.0.0.1:9/h")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "example.com/hook",
+        "ftp://example.com/x",
+        "https://",
+        "https://h:99999/",
+        "https://e.com/a b",
+        "https://e.com/\x00",
+        "https://\ud800.com/",
+        "x" * 3000,
+    ],
+)
+def test_a_url_that_is_no_absolute_http_url_is_refused(settings: Settings, url: str) -> None:
+    sandbox = settings.model_copy(update={"send_to_sandbox": True})
+    with pytest.raises(InvalidInput, match="absolute URL"):
+        webhooks.check_url(settings=sandbox, url=url)
+
+
+def test_the_secret_is_shown_once_and_stored_only_sealed(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    registered = webhooks.register(
+        session=session, settings=settings, org_id=org.org_id, url="https://example.com/h"
+    )
+    session.commit()
+    endpoint = registered.endpoint
+    assert registered.secret.startswith("whsec_")
+    assert registered.secret not in endpoint.sealed_secret
+    opened = unseal(settings, endpoint.sealed_secret, context=webhooks.secret_context(endpoint.id))
+    assert opened.decode() == registered.secret
+
+
+def test_an_organisation_has_a_bounded_number_of_endpoints(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    for n in range(webhooks.MAX_ENDPOINTS):
+        webhooks.register(
+            session=session, settings=settings, org_id=org.org_id, url=f"https://e.com/{n}"
+        )
+    with pytest.raises(InvalidInput, match="at most"):
+        webhooks.register(
+            session=session, settings=settings, org_id=org.org_id, url="https://e.com/x"
+        )
+
+
+def test_a_final_state_queues_one_event_per_endpoint_once(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    for path in ("a", "b"):
+        webhooks.register(
+            session=session, settings=settings, org_id=org.org_id, url=f"https://e.com/{path}"
+        )
+    request_id = _request(session, org)
+    session.add_all(
+        Outcome(
+            request_id=request_id,
+            row_no=n,
+            app_id=org.app_id,
+            user_id=f"u{n}",
+            channel=Channel.push,
+            error_message=error,
+        )
+        for n, error in enumerate(["", "", "No device for user"])
+    )
+    assert set_state(session=session, request_id=request_id, state=RequestState.running)
+    assert _deliveries(session, request_id) == []
+    assert set_state(session=session, request_id=request_id, state=RequestState.failed)
+    assert not set_state(session=session, request_id=request_id, state=RequestState.failed)
+    session.commit()
+    queued = _deliveries(session, request_id)
+    assert len(queued) == 2
+    assert len({d.event_id for d in queued}) == 1
+    assert {d.event_type for d in queued} == {"request.failed"}
+    assert queued[0].payload == {
+        "request_id": request_id,
+        "campaign_id": org.campaign_id,
+        "state": "failed",
+        "message_count": 3,
+        "counts": {"sent": 2, "No device for user": 1},
+        "report_paths": [],
+    }
+    assert all(d.next_attempt_at is not None for d in queued)
+
+
+def test_processed_and_cancelled_in_the_outbox_queue_their_events(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
+    processed = _request(session, org)
+    reports.mark_processed(session=session, request_id=processed, report_paths=["reports/x.csv"])
+    reports.mark_processed(session=session, request_id=processed, report_paths=["reports/x.csv"])
+    session.commit()
+    [event] = _deliveries(session, processed)
+    assert (event.event_type, event.payload["report_paths"]) == (
+        "request.processed",
+        ["reports/x.csv"],
+    )
+    cancelled = _request(session, org)
+    assert lifecycle._cancel_in_outbox(session, cancelled)
+    [event] = _deliveries(session, cancelled)
+    assert (event.event_type, event.payload["state"]) == ("request.cancelled", "cancelled")
+
+
+def test_only_the_requests_organisation_gets_its_events(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    other = make_org(session)
+    webhooks.register(session=session, settings=settings, org_id=other.org_id, url="https://o.com")
+    request_id = _request(session, org)
+    set_state(session=session, request_id=request_id, state=RequestState.canceled)
+    session.commit()
+    assert _deliveries(session, request_id) == []
+
+
+def test_retries_double_up_to_their_cap() -> None:
+    settings = Settings(webhook_retry_first_seconds=10, webhook_retry_max_interval_seconds=3600)
+    assert [retry_delay(settings, n) for n in (1, 2, 3, 4, 9, 10, 200)] == [
+        10, 20, 40, 80, 2560, 3600, 3600
+    ]  # fmt: skip
+
+
+def test_a_failed_attempt_is_recorded_and_retried_until_the_window_closes(
+    session: Session, settings: Settings, org: Org, database: str
+) -> None:
+    webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
+    request_id = _request(session, org)
+    set_state(session=session, request_id=request_id, state=RequestState.failed)
+    session.commit()
+    [delivery] = _deliveries(session, request_id)
+    assert delivery.id is not None
+
+    @contextmanager
+    def sessions() -> Iterator[Session]:
+        with Session(session.get_bind(), expire_on_commit=False) as own:
+            yield own
+            own.commit()
+
+    short = settings.model_copy(
+        update={"webhook_retry_first_seconds": 60, "webhook_retry_window_seconds": 100}
+    )
+    for status, error in ((500, "HTTP 500"), (None, "ConnectError: refused")):
+        record_attempt(
+            sessions=sessions,
+            settings=short,
+            delivery_id=delivery.id,
+            attempted_at=datetime.now(UTC),
+            status_code=status,
+            error=error,
+            duration_ms=5,
+        )
+        session.refresh(delivery)
+        if status == 500:  # retried 60 s later, within the window
+            assert delivery.next_attempt_at is not None
+            assert delivery.next_attempt_at > datetime.now(UTC) + timedelta(seconds=50)
+    assert delivery.next_attempt_at is None  # 120 s later: past the 100 s window
+    assert (delivery.attempt_count, delivery.delivered_at) == (2, None)
+    attempts = session.exec(select(WebhookAttempt).order_by(col(WebhookAttempt.id))).all()
+    assert [(a.status_code, a.error) for a in attempts] == [
+        (500, "HTTP 500"),
+        (None, "ConnectError: refused"),
+    ]
+    views = webhooks.attempts(session=session, org_id=org.org_id, endpoint_id=delivery.endpoint_id)
+    assert [v.status_code for v in views] == [None, 500]  # newest first
+    webhooks.remove(session=session, org_id=org.org_id, endpoint_id=delivery.endpoint_id)
+    session.commit()
+    assert session.exec(select(WebhookAttempt)).all() == []
+    assert _deliveries(session, request_id) == []
+
+
+def test_settled_events_are_forgotten_after_the_retention_period(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
+    old, pending, recent = (_request(session, org) for _ in range(3))
+    for request_id in (old, pending, recent):
+        set_state(session=session, request_id=request_id, state=RequestState.failed)
+    session.flush()
+    rows = {d.request_id: d for d in session.exec(select(WebhookDelivery))}
+    long_ago = datetime.now(UTC) - timedelta(days=40)
+    rows[old].created_at, rows[old].next_attempt_at = long_ago, None
+    rows[pending].created_at = long_ago  # still to be tried: kept
+    rows[recent].next_attempt_at = None
+    assert rows[old].id is not None
+    session.add(
+        WebhookAttempt(
+            delivery_id=rows[old].id, attempted_at=long_ago, status_code=200, duration_ms=1
+        )
+    )
+    session.commit()
+    before = datetime.now(UTC) - timedelta(days=30)
+    assert webhooks.purge_settled(session=session, before=before) == 1
+    session.commit()
+    assert {d.request_id for d in session.exec(select(WebhookDelivery))} == {pending, recent}
+    assert session.exec(select(WebhookAttempt)).all() == []
