@@ -12,6 +12,7 @@ campaign's (:func:`campaign_owner`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,7 +127,7 @@ def create_request(
 
 
 def _file(
-    trigger: TriggerInput, *, storage: Storage, request_id: str, max_bytes: int
+    trigger: TriggerInput, *, storage: Storage, target: Storage, request_id: str, max_bytes: int
 ) -> StoredUpload | None:
     """The CSV file of the call: the API's upload, or send-batch's file copied now."""
     if trigger.source_key is None:
@@ -134,9 +135,21 @@ def _file(
     return stage_stored_file(
         storage=storage,
         source_key=trigger.source_key,
+        target=target,
         key=upload_key(request_id),
         max_bytes=max_bytes,
     )
+
+
+@dataclass
+class _Checked:
+    """A trigger call that passed every check: the request to store, its JSON messages
+    and the campaign; its message file is written under ``messages_key(request.id)``."""
+
+    request: Request
+    messages: list[dict[str, Any]]
+    campaign: Campaign
+    upload: StoredUpload | None
 
 
 def _create(
@@ -155,6 +168,61 @@ def _create(
         earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
         if earlier is not None:
             return earlier
+    checked = _checked(
+        session=session,
+        settings=settings,
+        storage=storage,
+        files=storage,
+        org_id=org_id,
+        request_id=request_id,
+        trigger=trigger,
+        uploads=uploads,
+        now=now,
+    )
+    request, messages = checked.request, checked.messages
+    file_key = messages_key(request_id)
+    try:
+        _store(session, request, messages)
+    except IntegrityError:
+        session.rollback()
+        storage.delete(file_key)
+        if key is None:
+            raise
+        earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
+        if earlier is None:  # the same key, created concurrently, is the only conflict
+            raise
+        return earlier
+    except BaseException:
+        session.rollback()
+        storage.delete(file_key)
+        raise
+    log.info(
+        "request %s accepted: %d messages for campaign %s",
+        request_id,
+        request.message_count,
+        request.campaign_id,
+    )
+    return request_id
+
+
+def _checked(
+    *,
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    files: Storage,
+    org_id: int,
+    request_id: str,
+    trigger: TriggerInput,
+    uploads: list[StoredUpload],
+    now: datetime,
+) -> _Checked:
+    """Every check of a create, in the spec's order; writes the message file to ``files``.
+
+    ``storage`` holds send-batch's source file; ``files`` receives what the checks write
+    (the staged copy of that file, the message file): the storage itself for a create,
+    a scratch storage for a preview. A staged copy is appended to ``uploads``.
+    """
     campaign_id = check_campaign_id(trigger.campaign_id)
     campaign = ready_campaign(session=session, org_id=org_id, campaign_id=campaign_id)
     if campaign.channel == Channel.push:
@@ -177,7 +245,11 @@ def _create(
 
     messages: list[dict[str, Any]] = []
     upload = _file(
-        trigger, storage=storage, request_id=request_id, max_bytes=settings.max_upload_bytes
+        trigger,
+        storage=storage,
+        target=files,
+        request_id=request_id,
+        max_bytes=settings.max_upload_bytes,
     )
     if upload is not None and upload is not trigger.upload:
         uploads.append(upload)
@@ -185,7 +257,7 @@ def _create(
     if upload is not None:
         sniff_csv(upload.head, filename=upload.filename, content_type=upload.content_type)
         count = ingest_message_file(
-            storage=storage,
+            storage=files,
             upload_key=upload.key,
             facts=upload.facts,
             messages_key=file_key,
@@ -197,7 +269,7 @@ def _create(
             trigger.messages, variables=variables, cap=settings.json_messages_cap
         )
         count = write_messages(
-            storage=storage,
+            storage=files,
             key=file_key,
             users=[m["user_id"] for m in messages],
             values={
@@ -206,6 +278,7 @@ def _create(
             },
             chunk_size=settings.chunk_size,
         )
+    key = trigger.idempotency_key
     request = Request(
         id=request_id,
         org_id=org_id,
@@ -219,23 +292,7 @@ def _create(
         idempotency_key=key,
         body_hash=trigger.body_hash if key else None,
     )
-    try:
-        _store(session, request, messages)
-    except IntegrityError:
-        session.rollback()
-        storage.delete(file_key)
-        if key is None:
-            raise
-        earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
-        if earlier is None:  # the same key, created concurrently, is the only conflict
-            raise
-        return earlier
-    except BaseException:
-        session.rollback()
-        storage.delete(file_key)
-        raise
-    log.info("request %s accepted: %d messages for campaign %s", request_id, count, campaign_id)
-    return request_id
+    return _Checked(request=request, messages=messages, campaign=campaign, upload=upload)
 
 
 def _store(session: Session, request: Request, messages: list[dict[str, Any]]) -> None:
