@@ -7,6 +7,11 @@ is in the outbox), then wakes the scheduling service, which creates the Prefect 
 run without the caller waiting. Who calls it decides whose organisation acts and
 takes the quota unit: the API for the signed-in account's, ``send-batch`` for the
 campaign's (:func:`campaign_owner`).
+
+:func:`preview_request` (``?dry_run=true``, ``send-batch`` with ``dry_run``) runs the
+very same checks (:func:`_checked`) and stops before storing: it writes its files in a
+scratch storage of its own (:mod:`campaign_trigger.services.preview`) and describes
+what would be sent.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from sqlmodel import Session, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, CampaignNotReady, Conflict, InvalidInput
-from campaign_trigger.services import app_credentials, audience, lookup, scheduling
+from campaign_trigger.schemas.preview import TriggerPreview
+from campaign_trigger.services import app_credentials, audience, lookup, preview, scheduling
 from campaign_trigger.services.ingest import ingest_message_file
 from campaign_trigger.services.json_text import as_text
 from campaign_trigger.services.message_file import write_messages
@@ -44,6 +50,7 @@ from campaign_trigger.store.models import (
     MessageSource,
     Request,
     RequestMessage,
+    new_id,
 )
 
 log = logging.getLogger(__name__)
@@ -124,6 +131,43 @@ def create_request(
     if created == request_id:
         scheduling.notify_new_request(request_id)
     return created
+
+
+def preview_request(
+    *,
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    scratch: Storage,
+    org_id: int,
+    trigger: TriggerInput,
+    now: datetime | None = None,
+) -> TriggerPreview:
+    """Check a trigger call exactly as :func:`create_request` does and describe what it
+    would send; nothing is stored, scheduled or sent.
+
+    Whatever the checks write (send-batch's staged file, the message file) goes to
+    ``scratch``, which the caller discards (:func:`preview.scratch_storage`); an upload
+    to preview must have been streamed there too. The idempotency key plays no part:
+    a preview is never replayed. Blocking: call it from a worker thread.
+    """
+    checked = _checked(
+        session=session,
+        settings=settings,
+        storage=storage,
+        files=scratch,
+        org_id=org_id,
+        request_id=new_id(),
+        trigger=trigger,
+        uploads=[],
+        now=now or datetime.now(UTC),
+    )
+    return preview.describe(
+        session=session,
+        files=scratch,
+        request=checked.request,
+        campaign=checked.campaign,
+    )
 
 
 def _file(
