@@ -2,8 +2,9 @@
 
 :func:`scratch_storage` is where a preview writes: a private temporary folder under
 ``CT_HOME/previews`` (a local disk, never the shared storage), removed with everything
-in it when the preview ends, whatever happens. A CSV upload to preview is streamed
-there, the ingest writes its message file there, and nothing remains in storage.
+in it when the preview ends, whatever happens (after a crash, by a later preview). A CSV
+upload to preview is streamed there, the ingest writes its message file there, and
+nothing remains in storage.
 
 :func:`describe` reads the message file chunk by chunk (memory holds one chunk, as a
 delivery worker's does) and runs the delivery's own steps on it: the delivery plan
@@ -14,11 +15,16 @@ and the push messages (``services/delivering.py``) and the providers' payload bu
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
 
 from sqlmodel import Session
 
@@ -42,15 +48,28 @@ from campaign_trigger.store.models import Campaign, Channel, Platform, Request
 from campaign_trigger.store.private import private_dir
 
 PREVIEWS_DIR = "previews"
+ABANDONED_AFTER = timedelta(days=1)
 
 
 @contextmanager
 def scratch_storage(settings: Settings) -> Iterator[Storage]:
-    """A storage in a fresh private temporary folder, deleted on exit."""
+    """A storage in a fresh private temporary folder, deleted on exit.
+
+    A folder left behind by a process killed mid-preview is deleted by a later preview
+    once it is :data:`ABANDONED_AFTER` old (no preview lasts that long).
+    """
     parent = (settings.home / PREVIEWS_DIR).resolve()
     private_dir(parent)
+    _delete_abandoned(parent, now=time.time())
     with tempfile.TemporaryDirectory(dir=parent, prefix="preview-") as folder:
         yield Storage(folder)
+
+
+def _delete_abandoned(parent: Path, *, now: float) -> None:
+    for folder in parent.glob("preview-*"):
+        with contextlib.suppress(FileNotFoundError):  # another process got there first
+            if now - folder.stat().st_mtime > ABANDONED_AFTER.total_seconds():
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _payload(platform: Platform, job: ChunkJob, rendered: Rendered, row: int) -> bytes:
