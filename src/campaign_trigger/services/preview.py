@@ -42,7 +42,7 @@ from campaign_trigger.schemas.preview import (
 from campaign_trigger.services import audience
 from campaign_trigger.services.delivering import ChunkJob, Rendered, push_message, render_chunk
 from campaign_trigger.services.delivery_run import delivery_plan
-from campaign_trigger.services.message_file import USER_FIELD, read_chunk
+from campaign_trigger.services.message_file import USER_FIELD, iter_chunks
 from campaign_trigger.store.files import Storage, messages_key
 from campaign_trigger.store.models import Campaign, Channel, Platform, Request
 from campaign_trigger.store.private import private_dir
@@ -175,14 +175,14 @@ def _preview_message(
 def describe(
     *, session: Session, files: Storage, request: Request, campaign: Campaign
 ) -> TriggerPreview:
-    """The preview of ``request`` (checked, not stored), its message file in ``files``."""
+    """The preview of ``request`` (checked, not stored), its message file in ``files``,
+    read once, one chunk in memory at a time."""
     plan = delivery_plan(session=session, request=request, campaign=campaign)
     platforms = sorted({app.platform for app in plan.apps}, key=lambda p: p.value)
     tally = _Tally(plan.apps)
     key = messages_key(request.id)
-    for chunk_no in range(plan.chunk_count):
+    for chunk_no, chunk in enumerate(iter_chunks(storage=files, key=key)):
         job = plan.job(chunk_no)
-        chunk = read_chunk(storage=files, key=key, chunk_no=chunk_no)
         users: list[str] = chunk.column(USER_FIELD).to_pylist()
         tally.add_targets(
             audience.resolve_targets(
