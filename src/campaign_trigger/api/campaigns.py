@@ -17,6 +17,7 @@ from campaign_trigger.api.uploads import (
     read_form_input,
     read_json_input,
 )
+from campaign_trigger.config import Settings
 from campaign_trigger.errors import InvalidInput
 from campaign_trigger.schemas.api import (
     Reports,
@@ -26,16 +27,20 @@ from campaign_trigger.schemas.api import (
     TriggerForm,
     TriggerJson,
 )
+from campaign_trigger.schemas.preview import TriggerPreview
 from campaign_trigger.services import lifecycle
+from campaign_trigger.services.preview import scratch_storage
 from campaign_trigger.services.request_views import request_bodies, request_body
-from campaign_trigger.services.requests import create_request
-from campaign_trigger.store.files import upload_key
+from campaign_trigger.services.requests import create_request, preview_request
+from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.store.files import Storage, upload_key
 from campaign_trigger.store.models import new_id
 
 router = APIRouter(prefix="/api/campaigns", tags=["campaigns"])
 
 NO_REQUEST_ID = "You must provide a request_id"
 REQUEST_ID_NOT_STRING = "Request identifier must be a String"
+BAD_DRY_RUN = "dry_run must be true or false"
 MAX_IDEMPOTENCY_KEY = 200
 
 
@@ -60,11 +65,51 @@ _TRIGGER_BODY = {
 }
 
 
+def _dry_run(request: Request) -> bool:
+    """The ``dry_run`` query parameter: absent, ``true`` or ``false`` exactly (else 400)."""
+    values = request.query_params.getlist("dry_run")
+    if not values:
+        return False
+    if len(values) > 1 or values[0] not in ("true", "false"):
+        raise InvalidInput(BAD_DRY_RUN)
+    return values[0] == "true"
+
+
+async def _read_trigger(
+    request: Request,
+    *,
+    settings: Settings,
+    storage: Storage,
+    request_id: str,
+    idempotency_key: str | None,
+) -> TriggerInput:
+    """The call's body: JSON messages, or a form whose CSV file is streamed to ``storage``."""
+    kind = media_type(request)
+    cap = settings.json_messages_cap
+    if kind == "application/json" or kind.endswith("+json"):
+        return await read_json_input(request, cap=cap, idempotency_key=idempotency_key)
+    if kind == "multipart/form-data":
+        return await read_form_input(
+            request,
+            storage=storage,
+            key=upload_key(request_id),
+            max_bytes=settings.max_upload_bytes,
+            messages_bytes=json_body_limit(settings),
+            cap=cap,
+            idempotency_key=idempotency_key,
+        )
+    raise InvalidInput(PLAIN_BODY)
+
+
 @router.post(
     "/trigger",
-    response_model=RequestCreated,
+    response_model=RequestCreated | TriggerPreview,
     responses={
-        **_ok(RequestCreated, "The request is accepted"),
+        200: {
+            "description": "The request is accepted (`RequestCreated`); with `dry_run=true`, "
+            "its preview (`TriggerPreview`)",
+            "headers": QUOTA_HEADERS,
+        },
         **errors(400, 401, 403, 409, 413, 429),
     },
     openapi_extra=_TRIGGER_BODY,
@@ -79,34 +124,64 @@ async def create_trigger_request(
         str | None,
         Header(
             description="Repeat a call safely: the same key and body return the first "
-            "request's id and create nothing.",
+            "request's id and create nothing. Ignored by a dry run.",
             max_length=MAX_IDEMPOTENCY_KEY,
         ),
     ] = None,
-) -> RequestCreated:
+    dry_run: Annotated[
+        str | None,
+        Query(
+            description="`true`: preview the call instead (see above); nothing is stored, "
+            "scheduled or sent. Only `true` or `false`.",
+            json_schema_extra={"enum": ["true", "false"]},
+        ),
+    ] = None,
+) -> RequestCreated | TriggerPreview:
     """Create a request: JSON messages, or a CSV file as multipart form-data.
 
     Besides the specification's refusals: with `CT_REQUIRE_APP_CREDENTIALS` on
     (production), a push campaign with an app that has no provider credentials is
     refused with 400 `App <app_id> has no push provider credentials: ...`.
+
+    **Dry run** (`?dry_run=true`, same body): every check of a create runs, and the
+    answer is exactly the refusal a create would give, or 200 with a `TriggerPreview`:
+    `message_count`; `users_without_device`; `apps` (per app of the campaign: its
+    `platform`, the messages' users' `devices`, how many a message goes `to_send`, and
+    `not_sent` per pre-send outcome); `devices_per_platform`; `messages` (the first 20,
+    each `rendered` per platform: `title`, `body` and the provider `payload` as the
+    delivery code builds it, with its `payload_bytes`); and `payload_errors` (the first
+    20 payloads a provider would refuse: over its 4 KB limit, or not serialisable) with
+    their `payload_error_count` over all messages. Nothing is stored, scheduled or sent;
+    an uploaded file is kept only while it is checked. A preview takes one unit of the
+    quota, like a create. Any other `dry_run` value than `true` or `false` is a 400.
     """
-    kind = media_type(request)
+    if _dry_run(request):
+        with scratch_storage(settings) as scratch:
+            trigger = await _read_trigger(
+                request,
+                settings=settings,
+                storage=scratch,
+                request_id=new_id(),
+                idempotency_key=None,
+            )
+            return await to_thread.run_sync(
+                lambda: preview_request(
+                    session=session,
+                    settings=settings,
+                    storage=storage,
+                    scratch=scratch,
+                    org_id=identity.org_id,
+                    trigger=trigger,
+                )
+            )
     request_id = new_id()
-    cap = settings.json_messages_cap
-    if kind == "application/json" or kind.endswith("+json"):
-        trigger = await read_json_input(request, cap=cap, idempotency_key=idempotency_key)
-    elif kind == "multipart/form-data":
-        trigger = await read_form_input(
-            request,
-            storage=storage,
-            key=upload_key(request_id),
-            max_bytes=settings.max_upload_bytes,
-            messages_bytes=json_body_limit(settings),
-            cap=cap,
-            idempotency_key=idempotency_key,
-        )
-    else:
-        raise InvalidInput(PLAIN_BODY)
+    trigger = await _read_trigger(
+        request,
+        settings=settings,
+        storage=storage,
+        request_id=request_id,
+        idempotency_key=idempotency_key,
+    )
     created = await to_thread.run_sync(
         lambda: create_request(
             session=session,

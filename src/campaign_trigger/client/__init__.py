@@ -7,6 +7,7 @@ Two flavours with the same methods: :class:`TriggerClient` (blocking) and
         api.sign_in("demo@example.com", password)
         created = api.create("demo-campaign", messages=[Message(user_id="user-1")])
         api.report(created.request_id).reports      # links, once processed
+        api.preview("demo-campaign", messages=[...])  # a dry run: what would be sent
 
 A CSV file is streamed as multipart form-data (never read whole into memory).
 Pass ``transport=`` to swap the network, e.g. ``httpx.MockTransport`` in tests.
@@ -47,6 +48,7 @@ from campaign_trigger.client.models import CreatedRequest, Report, RequestInfo, 
 from campaign_trigger.client.sync_client import TriggerClient
 from campaign_trigger.client.webhooks import SIGNATURE_HEADER, verify_signature
 from campaign_trigger.schemas.api import Message
+from campaign_trigger.schemas.preview import TriggerPreview
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -65,5 +67,6 @@ __all__ = [
     "ServerError",
     "TriggerAPIError",
     "TriggerClient",
+    "TriggerPreview",
     "verify_signature",
 ]

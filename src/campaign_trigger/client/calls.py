@@ -54,10 +54,12 @@ def create_call(
     send_at: datetime | str | None,
     idempotency_key: str | None,
     files: ExitStack,
+    dry_run: bool = False,
 ) -> Call:
     if (messages is None) == (csv_path is None):
         raise ValueError("give exactly one of messages or csv_path")
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    params = {"dry_run": "true"} if dry_run else {}
     when = send_at_text(send_at)
     if messages is not None:
         body: dict[str, Any] = {
@@ -66,7 +68,9 @@ def create_call(
         }
         if when is not None:
             body["send_at"] = when
-        return Call("POST", "/api/campaigns/trigger", {"json": body, "headers": headers})
+        return Call(
+            "POST", "/api/campaigns/trigger", {"json": body, "headers": headers, "params": params}
+        )
     assert csv_path is not None
     path = Path(csv_path)
     handle = files.enter_context(path.open("rb"))
@@ -74,7 +78,12 @@ def create_call(
     return Call(
         "POST",
         "/api/campaigns/trigger",
-        {"data": form, "files": {"file": (path.name, handle, "text/csv")}, "headers": headers},
+        {
+            "data": form,
+            "files": {"file": (path.name, handle, "text/csv")},
+            "headers": headers,
+            "params": params,
+        },
     )
 
 

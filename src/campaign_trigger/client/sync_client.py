@@ -15,6 +15,7 @@ from campaign_trigger.client import calls
 from campaign_trigger.client.calls import DEFAULT_BASE_URL, DEFAULT_TIMEOUT, MessagesArg
 from campaign_trigger.client.errors import error_for
 from campaign_trigger.client.models import CreatedRequest, Report, RequestInfo, ScheduledPage
+from campaign_trigger.schemas.preview import TriggerPreview
 
 
 class TriggerClient:
@@ -102,6 +103,28 @@ class TriggerClient:
                 files=files,
             )
             return CreatedRequest.model_validate(self._send(call).json())
+
+    def preview(
+        self,
+        campaign_id: str,
+        *,
+        messages: MessagesArg | None = None,
+        csv_path: str | PathLike[str] | None = None,
+        send_at: datetime | str | None = None,
+    ) -> TriggerPreview:
+        """What :meth:`create` would send (``?dry_run=true``): the same checks and errors,
+        nothing stored, scheduled or sent; takes one unit of the quota."""
+        with ExitStack() as files:
+            call = calls.create_call(
+                campaign_id,
+                messages=messages,
+                csv_path=csv_path,
+                send_at=send_at,
+                idempotency_key=None,
+                files=files,
+                dry_run=True,
+            )
+            return TriggerPreview.model_validate(self._send(call).json())
 
     def cancel(self, request_id: str) -> RequestInfo:
         """Cancel a request that has not started; returns it as created."""

@@ -186,6 +186,14 @@ def _android(shape: _Shape, silent: bool, collapse_id: str) -> str:
 
 def fcm_body(message: PushMessage) -> bytes:
     """The JSON body of an FCM v1 ``messages:send`` call."""
+    payload = fcm_payload(message)
+    head = _utf8(f'{{"message":{{"token":{_string(message.token)},')
+    return head + payload[1:] + b"}"
+
+
+def fcm_payload(message: PushMessage) -> bytes:
+    """The FCM message's ``notification``, ``data`` and ``android`` members as one JSON
+    object: what the size rule measures (the body adds the token around it)."""
     options = message.options
     members = _fcm_data.members(message.data)
     data = f',"data":{{{members}}}' if members else ""
@@ -201,8 +209,7 @@ def fcm_body(message: PushMessage) -> bytes:
             f'"body":{_string(message.body)}{image}}}{data},"android":{android}}}'
         )
     _check_size(len(payload))
-    head = _utf8(f'{{"message":{{"token":{_string(message.token)},')
-    return head + payload[1:] + b"}"
+    return payload
 
 
 def apns_body(message: PushMessage) -> bytes:

@@ -7,7 +7,9 @@ in the same order, the same error texts, the same stored request, the same
 organisation and takes one unit of its request quota, like an API call. A refused
 batch fails the run, with the spec's error text in the run's state and in a markdown
 artifact (``send-batch-refused``); a batch that cannot be delivered (no
-``deliver-request`` deployment on the Prefect server) stores nothing.
+``deliver-request`` deployment on the Prefect server) stores nothing. With
+``dry_run`` it runs the same checks, stores, schedules and sends nothing, and shows
+what would be sent in a markdown artifact (``send-batch-preview``).
 
 Its parameters are one pydantic model, :class:`SendBatchInput`, so the Prefect UI
 renders a form and the server rejects malformed input before a run starts; "exactly
@@ -37,12 +39,15 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from campaign_trigger.errors import CampaignTriggerError, ReportWaitFailed
 from campaign_trigger.schemas.api import Message
+from campaign_trigger.schemas.preview import TriggerPreview
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.tasks import send_batch as steps
+from campaign_trigger.tasks.artifacts import preview_markdown
 
 logger = logging.getLogger(__name__)
 
 REFUSED_ARTIFACT_KEY = "send-batch-refused"
+PREVIEW_ARTIFACT_KEY = "send-batch-preview"
 
 # "Exactly one of messages / csv_path", for the Prefect server's JSON-schema check
 # (pydantic validators do not run there, nor in the UI form).
@@ -97,10 +102,15 @@ class SendBatchInput(BaseModel):
 class SendBatchResult(BaseModel):
     """What a send-batch run returns."""
 
-    request_id: str = Field(description="The request, as the HTTP API knows it.")
+    request_id: str | None = Field(
+        description="The request, as the HTTP API knows it (none for a dry run)."
+    )
     reports: list[str] = Field(
         default_factory=list,
         description="Signed links to the report files (filled when run with wait=True).",
+    )
+    preview: TriggerPreview | None = Field(
+        default=None, description="With dry_run: what would be sent (nothing was)."
     )
 
 
@@ -185,19 +195,34 @@ def send_batch(
     wait_timeout_seconds: float = Field(
         default=3600, gt=0, description="With wait: give up waiting for the report after this."
     ),
+    dry_run: bool = Field(
+        default=False,
+        description="Preview only: run every check of a send and show what would be sent "
+        "(counts, devices per app, the first messages rendered, payloads over 4 KB) as a "
+        "markdown artifact; nothing is stored, scheduled or sent.",
+    ),
 ) -> SendBatchResult:
     """Create a request from ``batch``; with ``wait``, block until delivered (at most
-    ``wait_timeout_seconds``) and return the report links."""
+    ``wait_timeout_seconds``) and return the report links. With ``dry_run``, only
+    preview it (artifact ``send-batch-preview``, and the result's ``preview``)."""
     run_logger = get_run_logger()
     csv_key = csv_path_for_run(batch.csv_path) if batch.csv_path is not None else None
     try:
-        accepted = steps.create_request(
-            campaign_id=batch.campaign_id,
-            send_at=batch.send_at,
-            messages=batch.messages,
-            csv_key=csv_key,
-            fingerprint=batch.model_dump(mode="json"),
-        )
+        if dry_run:
+            preview = steps.preview_request(
+                campaign_id=batch.campaign_id,
+                send_at=batch.send_at,
+                messages=batch.messages,
+                csv_key=csv_key,
+            )
+        else:
+            accepted = steps.create_request(
+                campaign_id=batch.campaign_id,
+                send_at=batch.send_at,
+                messages=batch.messages,
+                csv_key=csv_key,
+                fingerprint=batch.model_dump(mode="json"),
+            )
     except CampaignTriggerError as exc:
         create_markdown_artifact(
             key=REFUSED_ARTIFACT_KEY,
@@ -206,6 +231,14 @@ def send_batch(
         )
         run_logger.error("batch refused: %s", exc.message)
         raise
+    if dry_run:
+        create_markdown_artifact(
+            key=PREVIEW_ARTIFACT_KEY,
+            markdown=preview_markdown(preview),
+            description=f"Dry run: {preview.message_count} messages, nothing sent",
+        )
+        run_logger.info("dry run: %d messages previewed, nothing sent", preview.message_count)
+        return SendBatchResult(request_id=None, preview=preview)
     run_logger.info(
         "request %s accepted for campaign %s: %d messages, send at %s",
         accepted.request_id,

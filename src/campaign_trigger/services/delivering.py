@@ -117,7 +117,7 @@ def _auth_refused(app_id: str) -> outcome_log.Write:
 
 
 @dataclass(frozen=True, slots=True)
-class _Rendered:
+class Rendered:
     """A chunk's rendered templates: one value per message row."""
 
     titles: list[str]
@@ -126,7 +126,7 @@ class _Rendered:
     images: list[str]
 
 
-def _render(job: ChunkJob, chunk: pa.Table) -> _Rendered:
+def render_chunk(job: ChunkJob, chunk: pa.Table) -> Rendered:
     """Title, body, data values and image of every row (a constant template once)."""
     ours = {"request_id": job.request_id, "campaign_id": job.campaign_id}
     rows = chunk.num_rows
@@ -135,11 +135,27 @@ def _render(job: ChunkJob, chunk: pa.Table) -> _Rendered:
         data = [ours | {key: values[row] for key, values in columns.items()} for row in range(rows)]
     else:  # the same for every row: one mapping, encoded once per chunk
         data = [ours | dict(job.data)] * rows
-    return _Rendered(
+    return Rendered(
         titles=render_column(job.title, chunk),
         bodies=render_column(job.body, chunk),
         data=data,
         images=render_column(job.image, chunk) if job.image else [""] * rows,
+    )
+
+
+def push_message(
+    job: ChunkJob, rendered: Rendered, *, key: int, row: int, token: str, device_id: str
+) -> PushMessage:
+    """Row ``row`` of the chunk as the push to one device (the provider builds its payload)."""
+    return PushMessage(
+        key=key,
+        token=token,
+        title=rendered.titles[row],
+        body=rendered.bodies[row],
+        data=rendered.data[row],
+        collapse_id=collapse_id(job.request_id, job.first_row + row, device_id),
+        image=rendered.images[row],
+        options=job.options,
     )
 
 
@@ -154,7 +170,7 @@ async def _send_push(
     provider_for: ProviderFor,
 ) -> None:
     """Send every target still to send, app by app, recording each answer."""
-    rendered = _render(job, chunk)
+    rendered = render_chunk(job, chunk)
 
     async def record(result: PushResult) -> None:
         target = targets[result.key]
@@ -165,16 +181,7 @@ async def _send_push(
 
     for app in job.apps:
         messages = [
-            PushMessage(
-                key=i,
-                token=t.token,
-                title=rendered.titles[t.row],
-                body=rendered.bodies[t.row],
-                data=rendered.data[t.row],
-                collapse_id=collapse_id(job.request_id, job.first_row + t.row, t.device_id),
-                image=rendered.images[t.row],
-                options=job.options,
-            )
+            push_message(job, rendered, key=i, row=t.row, token=t.token, device_id=t.device_id)
             for i, t in enumerate(targets)
             if t.app_id == app.app_id
         ]
@@ -237,7 +244,7 @@ async def _publish_inapp(
     counts: Counter[str],
 ) -> bool:
     """Publish the chunk's in-app messages with its report rows, in one transaction."""
-    rendered = _render(job, chunk)
+    rendered = render_chunk(job, chunk)
     await sleep_until(job.send_at)
     now = datetime.now(UTC)
     rows = [_row(job, t, error=t.error_message, sent_at=now) for t in targets]

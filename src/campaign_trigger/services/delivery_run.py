@@ -96,6 +96,13 @@ def read_plan(*, session: Session, request_id: str) -> DeliveryPlan:
     """The request's delivery as it stands (no gate, no claim): for a share of its
     chunks run elsewhere."""
     request, campaign = load_request(session=session, request_id=request_id)
+    plan = delivery_plan(session=session, request=request, campaign=campaign)
+    plan.recorded = recorded_chunks(session=session, request_id=request_id)
+    return plan
+
+
+def delivery_plan(*, session: Session, request: Request, campaign: Campaign) -> DeliveryPlan:
+    """How ``request`` of ``campaign`` is delivered (stored or not: a preview's too)."""
     return DeliveryPlan(
         request_id=request.id,
         campaign_id=campaign.id,
@@ -110,7 +117,6 @@ def read_plan(*, session: Session, request_id: str) -> DeliveryPlan:
         data=tuple(campaign.data.items()),
         image=campaign.image,
         options=push_options(campaign),
-        recorded=recorded_chunks(session=session, request_id=request_id),
     )
 
 

@@ -13,7 +13,7 @@ its memory holds one chunk, whatever the request's size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, Final
 
 import pyarrow as pa
@@ -127,3 +127,13 @@ def read_chunk(*, storage: Storage, key: str, chunk_no: int) -> pa.Table:
         batch = ipc.open_file(handle).get_batch(chunk_no)
         # Copy out of the file's buffers before the handle closes.
         return pa.Table.from_batches([batch]).combine_chunks()
+
+
+def iter_chunks(*, storage: Storage, key: str) -> Iterator[pa.Table]:
+    """Every chunk in order, each read then let go: for one pass over a whole file (a
+    preview). Not memory-mapped: the pages of a mapped file read once would stay in the
+    process's RSS."""
+    with storage.open(key, "rb") as handle:
+        reader = ipc.open_file(handle)
+        for chunk_no in range(reader.num_record_batches):
+            yield pa.Table.from_batches([reader.get_batch(chunk_no)])

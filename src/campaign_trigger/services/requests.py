@@ -7,11 +7,17 @@ is in the outbox), then wakes the scheduling service, which creates the Prefect 
 run without the caller waiting. Who calls it decides whose organisation acts and
 takes the quota unit: the API for the signed-in account's, ``send-batch`` for the
 campaign's (:func:`campaign_owner`).
+
+:func:`preview_request` (``?dry_run=true``, ``send-batch`` with ``dry_run``) runs the
+very same checks (:func:`_checked`) and stops before storing: it writes its files in a
+scratch storage of its own (:mod:`campaign_trigger.services.preview`) and describes
+what would be sent.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +27,8 @@ from sqlmodel import Session, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, CampaignNotReady, Conflict, InvalidInput
-from campaign_trigger.services import app_credentials, audience, lookup, scheduling
+from campaign_trigger.schemas.preview import TriggerPreview
+from campaign_trigger.services import app_credentials, audience, lookup, preview, scheduling
 from campaign_trigger.services.ingest import ingest_message_file
 from campaign_trigger.services.json_text import as_text
 from campaign_trigger.services.message_file import write_messages
@@ -43,6 +50,7 @@ from campaign_trigger.store.models import (
     MessageSource,
     Request,
     RequestMessage,
+    new_id,
 )
 
 log = logging.getLogger(__name__)
@@ -125,8 +133,45 @@ def create_request(
     return created
 
 
+def preview_request(
+    *,
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    scratch: Storage,
+    org_id: int,
+    trigger: TriggerInput,
+    now: datetime | None = None,
+) -> TriggerPreview:
+    """Check a trigger call exactly as :func:`create_request` does and describe what it
+    would send; nothing is stored, scheduled or sent.
+
+    Whatever the checks write (send-batch's staged file, the message file) goes to
+    ``scratch``, which the caller discards (:func:`preview.scratch_storage`); an upload
+    to preview must have been streamed there too. The idempotency key plays no part:
+    a preview is never replayed. Blocking: call it from a worker thread.
+    """
+    checked = _checked(
+        session=session,
+        settings=settings,
+        storage=storage,
+        files=scratch,
+        org_id=org_id,
+        request_id=new_id(),
+        trigger=trigger,
+        uploads=[],
+        now=now or datetime.now(UTC),
+    )
+    return preview.describe(
+        session=session,
+        files=scratch,
+        request=checked.request,
+        campaign=checked.campaign,
+    )
+
+
 def _file(
-    trigger: TriggerInput, *, storage: Storage, request_id: str, max_bytes: int
+    trigger: TriggerInput, *, storage: Storage, target: Storage, request_id: str, max_bytes: int
 ) -> StoredUpload | None:
     """The CSV file of the call: the API's upload, or send-batch's file copied now."""
     if trigger.source_key is None:
@@ -134,9 +179,21 @@ def _file(
     return stage_stored_file(
         storage=storage,
         source_key=trigger.source_key,
+        target=target,
         key=upload_key(request_id),
         max_bytes=max_bytes,
     )
+
+
+@dataclass
+class _Checked:
+    """A trigger call that passed every check: the request to store, its JSON messages
+    and the campaign; its message file is written under ``messages_key(request.id)``."""
+
+    request: Request
+    messages: list[dict[str, Any]]
+    campaign: Campaign
+    upload: StoredUpload | None
 
 
 def _create(
@@ -155,6 +212,61 @@ def _create(
         earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
         if earlier is not None:
             return earlier
+    checked = _checked(
+        session=session,
+        settings=settings,
+        storage=storage,
+        files=storage,
+        org_id=org_id,
+        request_id=request_id,
+        trigger=trigger,
+        uploads=uploads,
+        now=now,
+    )
+    request, messages = checked.request, checked.messages
+    file_key = messages_key(request_id)
+    try:
+        _store(session, request, messages)
+    except IntegrityError:
+        session.rollback()
+        storage.delete(file_key)
+        if key is None:
+            raise
+        earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
+        if earlier is None:  # the same key, created concurrently, is the only conflict
+            raise
+        return earlier
+    except BaseException:
+        session.rollback()
+        storage.delete(file_key)
+        raise
+    log.info(
+        "request %s accepted: %d messages for campaign %s",
+        request_id,
+        request.message_count,
+        request.campaign_id,
+    )
+    return request_id
+
+
+def _checked(
+    *,
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    files: Storage,
+    org_id: int,
+    request_id: str,
+    trigger: TriggerInput,
+    uploads: list[StoredUpload],
+    now: datetime,
+) -> _Checked:
+    """Every check of a create, in the spec's order; writes the message file to ``files``.
+
+    ``storage`` holds send-batch's source file; ``files`` receives what the checks write
+    (the staged copy of that file, the message file): the storage itself for a create,
+    a scratch storage for a preview. A staged copy is appended to ``uploads``.
+    """
     campaign_id = check_campaign_id(trigger.campaign_id)
     campaign = ready_campaign(session=session, org_id=org_id, campaign_id=campaign_id)
     if campaign.channel == Channel.push:
@@ -177,7 +289,11 @@ def _create(
 
     messages: list[dict[str, Any]] = []
     upload = _file(
-        trigger, storage=storage, request_id=request_id, max_bytes=settings.max_upload_bytes
+        trigger,
+        storage=storage,
+        target=files,
+        request_id=request_id,
+        max_bytes=settings.max_upload_bytes,
     )
     if upload is not None and upload is not trigger.upload:
         uploads.append(upload)
@@ -185,7 +301,7 @@ def _create(
     if upload is not None:
         sniff_csv(upload.head, filename=upload.filename, content_type=upload.content_type)
         count = ingest_message_file(
-            storage=storage,
+            storage=files,
             upload_key=upload.key,
             facts=upload.facts,
             messages_key=file_key,
@@ -197,7 +313,7 @@ def _create(
             trigger.messages, variables=variables, cap=settings.json_messages_cap
         )
         count = write_messages(
-            storage=storage,
+            storage=files,
             key=file_key,
             users=[m["user_id"] for m in messages],
             values={
@@ -206,6 +322,7 @@ def _create(
             },
             chunk_size=settings.chunk_size,
         )
+    key = trigger.idempotency_key
     request = Request(
         id=request_id,
         org_id=org_id,
@@ -219,23 +336,7 @@ def _create(
         idempotency_key=key,
         body_hash=trigger.body_hash if key else None,
     )
-    try:
-        _store(session, request, messages)
-    except IntegrityError:
-        session.rollback()
-        storage.delete(file_key)
-        if key is None:
-            raise
-        earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
-        if earlier is None:  # the same key, created concurrently, is the only conflict
-            raise
-        return earlier
-    except BaseException:
-        session.rollback()
-        storage.delete(file_key)
-        raise
-    log.info("request %s accepted: %d messages for campaign %s", request_id, count, campaign_id)
-    return request_id
+    return _Checked(request=request, messages=messages, campaign=campaign, upload=upload)
 
 
 def _store(session: Session, request: Request, messages: list[dict[str, Any]]) -> None:

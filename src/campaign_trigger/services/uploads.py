@@ -221,14 +221,14 @@ def storage_key(storage: Storage, location: str) -> str:
 
 
 def stage_stored_file(
-    *, storage: Storage, source_key: str, key: str, max_bytes: int
+    *, storage: Storage, source_key: str, target: Storage, key: str, max_bytes: int
 ) -> StoredUpload:
-    """Copy a CSV file already in storage to ``key`` as an upload (send-batch's file)."""
+    """Copy a CSV file in ``storage`` to ``target[key]`` as an upload (send-batch's file)."""
     try:
         source = storage.open(storage_key(storage, source_key), "rb")
     except (FileNotFoundError, IsADirectoryError, ValueError) as exc:
         raise InvalidInput(READ_ERROR.format(f"no file at {source_key}")) from exc
     with source:
-        writer = copy_to_storage(source, storage=storage, key=key, max_bytes=max_bytes)
+        writer = copy_to_storage(source, storage=target, key=key, max_bytes=max_bytes)
     name = source_key.rsplit("/", 1)[-1]
     return StoredUpload.of(writer, filename=name, content_type="text/csv")

@@ -1,9 +1,11 @@
-"""What a delivery run shows in the Prefect UI: a progress bar and a summary table."""
+"""What runs show in the Prefect UI: a delivery's progress bar and summary table, and a
+dry run's preview."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -13,6 +15,7 @@ from prefect.artifacts import (
 )
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.schemas.preview import TriggerPreview
 from campaign_trigger.services.reports import ReportSummary
 from campaign_trigger.services.signing import signed_url
 
@@ -104,3 +107,63 @@ async def publish_summary(*, request_id: str, summary: ReportSummary) -> None:
         key=None,
         description="Delivery summary",
     )
+
+
+def _cell(text: str | None) -> str:
+    """Text for a markdown table cell (pipes and line breaks would break the table)."""
+    if text is None:
+        return "—"
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def preview_markdown(preview: TriggerPreview) -> str:
+    """A dry run's preview: counts, devices per app, the first messages, payload problems.
+
+    Messages are named by their row, not their user (user ids stay out of the UI, as in
+    the refusal artifact); their rendered texts are what the preview is for."""
+    send_at = datetime.fromtimestamp(preview.send_at, UTC).isoformat()
+    lines = [
+        f"# Dry run of campaign `{preview.campaign_id}`",
+        "",
+        "Nothing was stored, scheduled or sent.",
+        "",
+        "| | |",
+        "|---|---:|",
+        f"| messages | {preview.message_count} |",
+        f"| users without a device | {preview.users_without_device} |",
+        f"| payloads a provider would refuse | {preview.payload_error_count} |",
+        f"| send at | {send_at} |",
+        "",
+        "## Devices per app",
+        "",
+        "| app | platform | devices | to send | not sent |",
+        "|---|---|---:|---:|---|",
+    ]
+    for app in preview.apps:
+        not_sent = ", ".join(f"{name}: {count}" for name, count in app.not_sent.items())
+        lines.append(
+            f"| `{app.app_id}` | {app.platform} | {app.devices} | {app.to_send} | "
+            f"{not_sent or '—'} |"
+        )
+    lines += [
+        "",
+        f"## First {len(preview.messages)} messages",
+        "",
+        "| row | platform | title | body | payload bytes |",
+        "|---:|---|---|---|---:|",
+    ]
+    for message in preview.messages:
+        for platform, shown in message.rendered.items():
+            size = shown.error or (str(shown.payload_bytes) if shown.payload_bytes else "—")
+            lines.append(
+                f"| {message.row} | {platform} | "
+                f"{_cell(shown.title)} | {_cell(shown.body)} | {_cell(size)} |"
+            )
+    if preview.payload_errors:
+        lines += [
+            "",
+            f"## Payloads a provider would refuse ({preview.payload_error_count})",
+            "",
+            *[f"- row {p.row} ({p.platform}): {_cell(p.error)}" for p in preview.payload_errors],
+        ]
+    return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""The steps of the ``send-batch`` flow: create the request, schedule it, wait for it.
+"""The steps of the ``send-batch`` flow: create the request, schedule it, wait for it;
+or, for a dry run, preview it.
 
 Creating goes through the API's own use case (``services.requests.create_request``):
 the same checks in the same order, the same texts, the same request. The flow acts
@@ -21,11 +22,14 @@ from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 from prefect.utilities.asyncutils import run_coro_as_sync
+from sqlmodel import Session
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.errors import RequestStateError, ServiceUnavailable
 from campaign_trigger.schemas.api import Message
+from campaign_trigger.schemas.preview import TriggerPreview
 from campaign_trigger.services import lifecycle, prefect_runs, quota, requests, scheduling
+from campaign_trigger.services.preview import scratch_storage
 from campaign_trigger.services.trigger_input import MISSING, TriggerInput, body_hash
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.files import get_storage
@@ -58,6 +62,32 @@ async def _check_delivery_is_deployed() -> None:
             raise ServiceUnavailable(NO_DELIVERY.format(url=PREFECT_API_URL.value())) from None
 
 
+def _trigger(
+    *,
+    campaign_id: str,
+    send_at: datetime | None,
+    messages: list[Message] | None,
+    csv_key: str | None,
+    idempotency: tuple[str, str] | None = None,
+) -> TriggerInput:
+    return TriggerInput(
+        campaign_id=campaign_id,
+        send_at=send_at.isoformat() if send_at is not None else None,
+        messages=[m.model_dump() for m in messages] if messages is not None else MISSING,
+        source_key=csv_key,
+        idempotency_key=idempotency[0] if idempotency else None,
+        body_hash=idempotency[1] if idempotency else None,
+    )
+
+
+def _owner_after_quota(session: Session, campaign_id: str) -> int:
+    """The campaign's organisation, once one unit of its quota is taken (committed)."""
+    org_id = requests.campaign_owner(session=session, campaign_id=campaign_id)
+    quota.consume(session=session, org_id=org_id)
+    session.commit()  # a refused batch counts, as a refused API call does
+    return org_id
+
+
 def _create(
     *,
     campaign_id: str,
@@ -68,18 +98,15 @@ def _create(
 ) -> Accepted:
     settings = get_settings()
     request_id = new_id()
-    trigger = TriggerInput(
+    trigger = _trigger(
         campaign_id=campaign_id,
-        send_at=send_at.isoformat() if send_at is not None else None,
-        messages=[m.model_dump() for m in messages] if messages is not None else MISSING,
-        source_key=csv_key,
-        idempotency_key=idempotency[0] if idempotency else None,
-        body_hash=idempotency[1] if idempotency else None,
+        send_at=send_at,
+        messages=messages,
+        csv_key=csv_key,
+        idempotency=idempotency,
     )
     with session_scope() as session:
-        org_id = requests.campaign_owner(session=session, campaign_id=campaign_id)
-        quota.consume(session=session, org_id=org_id)
-        session.commit()  # a refused batch counts, as a refused API call does
+        org_id = _owner_after_quota(session, campaign_id)
         created = requests.create_request(
             session=session,
             settings=settings,
@@ -115,6 +142,29 @@ def create_request(
         csv_key=csv_key,
         idempotency=idempotency,
     )
+
+
+@task(name="preview request", cache_policy=NO_CACHE, persist_result=False)
+def preview_request(
+    *,
+    campaign_id: str,
+    send_at: datetime | None,
+    messages: list[Message] | None,
+    csv_key: str | None,
+) -> TriggerPreview:
+    """Check the batch as a create would and describe what it would send; store nothing."""
+    settings = get_settings()
+    trigger = _trigger(campaign_id=campaign_id, send_at=send_at, messages=messages, csv_key=csv_key)
+    with session_scope() as session, scratch_storage(settings) as scratch:
+        org_id = _owner_after_quota(session, campaign_id)
+        return requests.preview_request(
+            session=session,
+            settings=settings,
+            storage=get_storage(settings),
+            scratch=scratch,
+            org_id=org_id,
+            trigger=trigger,
+        )
 
 
 async def _drain_outbox() -> None:

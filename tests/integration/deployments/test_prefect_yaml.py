@@ -97,7 +97,9 @@ def test_each_deployment_has_its_parameter_schema(
     assert set(properties("deliver-request/default")) == {"request_id"}
     for name in ("send-batch/send-batch", "send-batch/daily-csv-batch"):
         schema = deployed[name].parameter_openapi_schema or {}
-        assert set(properties(name)) == {"batch", "wait", "wait_timeout_seconds"}
+        assert set(properties(name)) == {"batch", "wait", "wait_timeout_seconds", "dry_run"}
+        assert properties(name)["dry_run"]["default"] is False
+        assert "nothing is stored" in properties(name)["dry_run"]["description"]
         assert schema["required"] == ["batch"]
         batch = schema["definitions"]["SendBatchInput"]
         assert set(batch["properties"]) == {"campaign_id", "send_at", "messages", "csv_path"}
