@@ -78,6 +78,8 @@ def api() -> None:
     """Run the HTTP API alone."""
     import uvicorn
 
+    from campaign_trigger import logs
+
     settings = get_settings()
     uvicorn.run(
         "campaign_trigger.api.app:create_app",
@@ -85,6 +87,7 @@ def api() -> None:
         host=settings.api_host,
         port=settings.api_port,
         log_level="info",
+        log_config=logs.dict_config(settings.log_format),
         access_log=False,
     )
 

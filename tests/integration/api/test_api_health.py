@@ -1,18 +1,22 @@
 """``GET /health`` names each dependency: a provider nobody can reach (a sandbox that was
 never started) makes the stack ``degraded`` with the URL and the reason, not a silent
-column of ``FPErrPushFailed`` in the reports."""
+column of ``FPErrPushFailed`` in the reports; a part the service needs (the database, the
+storage, Prefect) that is down makes the real server answer 503 naming it."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from api_tenants import start_api_server
 
 from campaign_trigger.api.app import create_app
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox import running_sandbox
-from support import free_port
+from support import ManagedProcess, free_port
 
 
 @pytest.fixture
@@ -34,10 +38,10 @@ async def api(sandbox_port: int) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_unreachable_providers_make_the_health_degraded_with_the_reason(
-    api: httpx.AsyncClient, sandbox_port: int
+    api: httpx.AsyncClient, sandbox_port: int, prefect_server: ManagedProcess
 ) -> None:
     answer = await api.get("/health")
-    assert answer.status_code == 200  # the API itself serves: its database answers
+    assert answer.status_code == 200  # the API itself serves: the parts it needs answer
     body = answer.json()
     assert body["status"] == "degraded"
     assert body["database"] == "ok"
@@ -57,3 +61,42 @@ async def test_reachable_providers_are_ok(api: httpx.AsyncClient, sandbox_port: 
         "fcm": {"status": "ok", "url": url},
         "apns": {"status": "ok", "url": url},
     }
+
+
+@pytest.fixture(scope="module")
+def dead_url() -> str:
+    return f"127.0.0.1:{free_port()}"
+
+
+@pytest.mark.parametrize(
+    ("part", "setting", "value"),
+    [
+        ("prefect", "PREFECT_API_URL", "http://{dead}/api"),
+        ("database", "CT_DATABASE_URL", "postgresql://postgres@{dead}/nothing"),
+        ("storage", "CT_STORAGE_URL", "{tmp}/storage"),  # removed once the server is up
+    ],
+)
+def test_a_part_down_makes_the_real_server_answer_503_naming_it(
+    prefect_server: ManagedProcess,
+    session_dir: Path,
+    tmp_path: Path,
+    dead_url: str,
+    part: str,
+    setting: str,
+    value: str,
+) -> None:
+    server = start_api_server(session_dir, **{setting: value.format(dead=dead_url, tmp=tmp_path)})
+    try:
+        if part == "storage":
+            assert httpx.get(f"{server.url}/health").json()["storage"] == "ok"
+            shutil.rmtree(tmp_path / "storage")
+        answer = httpx.get(f"{server.url}/health", timeout=30)
+    finally:
+        server.process.stop()
+    assert answer.status_code == 503, answer.text
+    body = answer.json()
+    assert body["status"] == "down"
+    assert body["down"] == [part]
+    assert body[part] == "unreachable"
+    assert body["errors"][part]
+    assert all(body[other] == "ok" for other in ("database", "storage", "prefect") if other != part)
