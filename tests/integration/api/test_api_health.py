@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_tenants import start_api_server
+from api_tenants import Tenant, start_api_server
 
 from campaign_trigger.api.app import create_app
 from campaign_trigger.config import get_settings
@@ -68,10 +68,50 @@ def dead_url() -> str:
     return f"127.0.0.1:{free_port()}"
 
 
+def assert_down(answer: httpx.Response, part: str) -> None:
+    """A 503 naming ``part`` alone as down, with its reason."""
+    assert answer.status_code == 503, answer.text
+    body = answer.json()
+    assert body["status"] == "down"
+    assert body["down"] == [part]
+    assert body[part] == "unreachable"
+    assert body["errors"][part]
+    assert all(body[other] == "ok" for other in ("database", "storage", "prefect") if other != part)
+
+
+def outbox_depth(url: str) -> float:
+    page = httpx.get(f"{url}/metrics").text
+    [line] = [
+        line for line in page.splitlines() if line.startswith("campaign_trigger_outbox_depth")
+    ]
+    return float(line.split()[-1])
+
+
+def test_prefect_down_makes_the_real_server_answer_503_and_requests_wait_in_the_outbox(
+    prefect_server: ManagedProcess, session_dir: Path, dead_url: str, tenant: Tenant
+) -> None:
+    server = start_api_server(session_dir, PREFECT_API_URL=f"http://{dead_url}/api")
+    try:
+        assert_down(httpx.get(f"{server.url}/health", timeout=30), "prefect")
+        before = outbox_depth(server.url)
+        created = httpx.post(
+            f"{server.url}/api/campaigns/trigger",
+            headers=tenant.auth(),
+            json={"campaign_id": tenant.plain, "messages": [{"user_id": "u1"}]},
+        )
+        assert created.status_code == 200, created.text  # accepted: persisted, not scheduled
+        assert outbox_depth(server.url) == before + 1
+        request_id = created.json()["request_id"]
+        cancel = f"{server.url}/api/campaigns/request/{request_id}/cancel"
+        assert httpx.put(cancel, headers=tenant.auth()).status_code == 200
+        assert outbox_depth(server.url) == before
+    finally:
+        server.process.stop()
+
+
 @pytest.mark.parametrize(
     ("part", "setting", "value"),
     [
-        ("prefect", "PREFECT_API_URL", "http://{dead}/api"),
         ("database", "CT_DATABASE_URL", "postgresql://postgres@{dead}/nothing"),
         ("storage", "CT_STORAGE_URL", "{tmp}/storage"),  # removed once the server is up
     ],
@@ -90,13 +130,6 @@ def test_a_part_down_makes_the_real_server_answer_503_naming_it(
         if part == "storage":
             assert httpx.get(f"{server.url}/health").json()["storage"] == "ok"
             shutil.rmtree(tmp_path / "storage")
-        answer = httpx.get(f"{server.url}/health", timeout=30)
+        assert_down(httpx.get(f"{server.url}/health", timeout=30), part)
     finally:
         server.process.stop()
-    assert answer.status_code == 503, answer.text
-    body = answer.json()
-    assert body["status"] == "down"
-    assert body["down"] == [part]
-    assert body[part] == "unreachable"
-    assert body["errors"][part]
-    assert all(body[other] == "ok" for other in ("database", "storage", "prefect") if other != part)
