@@ -1,8 +1,14 @@
-"""Operator views: ``campaign-trigger status`` and ``campaign-trigger requests show ID``."""
+"""Operator views: ``campaign-trigger status`` and ``campaign-trigger requests show ID``.
+
+Both read the database, the storage and the Prefect server the settings name (the
+embedded stack's, as ``campaign-trigger up`` runs it, when PREFECT_API_URL is not set).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated
 
@@ -20,6 +26,19 @@ def _when(moment: datetime | None) -> str:
     return moment.isoformat(timespec="seconds") if moment else "-"
 
 
+@contextmanager
+def _stack_prefect() -> Iterator[None]:
+    """The Prefect server PREFECT_API_URL names, else the one ``up`` runs (CT_PREFECT_PORT)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    embedded = f"http://127.0.0.1:{get_settings().prefect_port}/api"
+    with temporary_settings({PREFECT_API_URL: embedded}):
+        yield
+
+
 @app.command()
 def status() -> None:
     """Each part's health, the outbox depth, the workers online, the scheduled requests
@@ -27,7 +46,8 @@ def status() -> None:
     from campaign_trigger.deployments.catalog import DELIVERY_POOL
     from campaign_trigger.services.operations import stack_status
 
-    view = asyncio.run(stack_status(settings=get_settings(), pool=DELIVERY_POOL))
+    with _stack_prefect():
+        view = asyncio.run(stack_status(settings=get_settings(), pool=DELIVERY_POOL))
     report = view.health
     for part in ("database", "storage", "prefect"):
         error = report["errors"].get(part)
@@ -59,7 +79,7 @@ def show_request(request_id: Annotated[str, typer.Argument(help="The request id.
 
     migrate()
     try:
-        with session_scope() as session:
+        with _stack_prefect(), session_scope() as session:
             detail = asyncio.run(
                 request_detail(session=session, settings=get_settings(), request_id=request_id)
             )

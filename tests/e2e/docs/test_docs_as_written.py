@@ -35,6 +35,7 @@ PAGES = [
     "docs/apps-and-credentials.md",
     "docs/security.md",
     "docs/sandbox.md",
+    "docs/operations.md",
     "docs/benchmarks.md",
     "docs/architecture.md",
 ]
