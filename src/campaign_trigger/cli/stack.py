@@ -103,12 +103,11 @@ def sandbox(
 
     See docs/sandbox.md.
     """
-    import logging
-
+    from campaign_trigger import logs
     from campaign_trigger.delivery.sandbox import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = get_settings()
+    logs.configure(settings.log_format)
     serve(
         host=settings.sandbox_host,
         port=settings.sandbox_port,
