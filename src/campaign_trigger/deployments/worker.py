@@ -274,9 +274,13 @@ def main(*, concurrency: int = 4, **options: Any) -> None:
     ``CT_WORKER_METRICS_PORT`` when set."""
     settings = get_settings()
     logs.configure(settings.log_format)
-    if settings.worker_metrics_port:
-        metrics.serve(port=settings.worker_metrics_port)
-        logger.info("metrics on http://0.0.0.0:%d/metrics", settings.worker_metrics_port)
+    port = settings.worker_metrics_port
+    if port:
+        try:
+            metrics.serve(port=port)
+        except OSError as exc:  # a port in use: say which setting, not a traceback
+            raise SystemExit(f"error: CT_WORKER_METRICS_PORT={port}: {exc.strerror}") from None
+        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
 
     async def serve() -> None:
         stop = asyncio.Event()
