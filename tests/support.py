@@ -6,6 +6,7 @@ Importable from every test module (``pythonpath = ["tests"]``): ``from support i
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -137,3 +138,20 @@ def prefect_server_env(home: Path, port: int) -> dict[str, str]:
         "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
         "PREFECT_LOGGING_LEVEL": "WARNING",
     }
+
+
+def run_on_terminal(argv: Sequence[str], *, timeout: float = 120) -> tuple[int, str]:
+    """Run ``argv`` with a pseudo-terminal as stdin, stdout and stderr (a 100-column
+    xterm); its exit code and everything it drew."""
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    process = subprocess.Popen(
+        list(argv), stdin=secondary, stdout=secondary, stderr=secondary, env=env
+    )
+    os.close(secondary)
+    output = b""
+    with suppress(OSError):  # EIO once the child has closed the terminal
+        while chunk := os.read(primary, 65536):
+            output += chunk
+    os.close(primary)
+    return process.wait(timeout=timeout), output.decode(errors="replace")

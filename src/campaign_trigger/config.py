@@ -65,6 +65,16 @@ class Settings(BaseSettings):
         default=8443, description="The sandbox's TLS port (ALPN h2 and http/1.1, local CA)."
     )
     prefect_port: int = 4200
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as text, or as JSON objects (one a line); a request id on each.",
+    )
+    worker_metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="The port of a delivery worker's GET /metrics (Prometheus); 0: none.",
+    )
 
     token_ttl_seconds: int = Field(default=24 * 3600, gt=0)
     link_ttl_seconds: int = Field(default=3600, gt=0)

@@ -14,9 +14,9 @@ import pytest
 
 from integration.client.running_stack import (
     RunningStack,
-    SeededTenant,
     running_stack,
     seed_tenant,
+    sign_in,
 )
 from support import ManagedProcess, free_port
 
@@ -42,20 +42,11 @@ def stack(
         yield s
 
 
-def _sign_in(api: str, tenant: SeededTenant) -> dict[str, str]:
-    signed = httpx.post(
-        f"{api}/users/sign_in",
-        json={"user": {"email": tenant.member_email, "password": tenant.password}},
-    )
-    assert signed.status_code == 200, signed.text
-    return {"Authorization": signed.headers["Authorization"]}
-
-
 def test_an_unreachable_provider_is_logged_and_shown_by_health(
     stack: RunningStack, nowhere: str
 ) -> None:
     tenant = seed_tenant(users=2)
-    auth = _sign_in(stack.api_url, tenant)
+    auth = sign_in(stack.api_url, tenant)
     created = httpx.post(
         f"{stack.api_url}/api/campaigns/trigger",
         headers=auth,

@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error handlers, the quota header and the health check.
+"""The FastAPI application: routers, error handlers, the quota header, health and metrics.
 
 Run it with ``uvicorn --factory campaign_trigger.api.app:create_app`` (or
 ``campaign-trigger api``). When ``PREFECT_API_URL`` names a server, the app also runs
@@ -9,90 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
-from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from campaign_trigger import __version__
 from campaign_trigger.api import auth, campaigns, devices, files, webhooks
+from campaign_trigger.api.deps import SettingsDep
 from campaign_trigger.api.docs import install_docs
 from campaign_trigger.api.errors import customise_openapi, install_error_handlers
 from campaign_trigger.api.limits import BodyLimitMiddleware
 from campaign_trigger.api.middleware import ResponseHeadersMiddleware
+from campaign_trigger.api.observability import ObservabilityMiddleware, install_observability
 from campaign_trigger.config import get_settings
-from campaign_trigger.store.db import get_engine
-
-
-def _database_ok() -> bool:
-    try:
-        with get_engine().connect() as connection:
-            connection.execute(text("SELECT 1"))
-    except Exception:
-        return False
-    return True
-
-
-async def _prefect_ok() -> bool:
-    from prefect.settings import PREFECT_API_URL
-
-    url = PREFECT_API_URL.value()
-    if not url:
-        return False
-    try:
-        async with httpx.AsyncClient(timeout=2) as client:
-            response = await client.get(f"{url.rstrip('/')}/health")
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
-
-
-PROVIDER_CHECK_SECONDS = 2.0
-
-
-async def _reachable(url: str) -> str:
-    """ "ok" when a TCP connection to ``url``'s host and port is accepted, else why not."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        async with asyncio.timeout(PROVIDER_CHECK_SECONDS):
-            _, writer = await asyncio.open_connection(parts.hostname, port)
-    except TimeoutError:
-        return f"no answer from {parts.hostname}:{port} in {PROVIDER_CHECK_SECONDS:.0f} s"
-    except OSError as exc:
-        why = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
-        return f"{why} ({parts.hostname}:{port})"
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return "ok"
-
-
-async def _providers() -> dict[str, dict[str, str]]:
-    """Whether this process can reach the push providers it would send to (the sandbox
-    when no credentials are configured): FCM with its token endpoint, and APNs."""
-    settings = get_settings()
-    fcm, fcm_token, apns = await asyncio.gather(
-        _reachable(settings.fcm_base_url),
-        _reachable(settings.fcm_token_uri),
-        _reachable(settings.apns_base_url),
-    )
-    fcm_error = next((e for e in (fcm, fcm_token) if e != "ok"), None)
-    return {
-        "fcm": _provider_state(settings.fcm_base_url, fcm_error),
-        "apns": _provider_state(settings.apns_base_url, None if apns == "ok" else apns),
-    }
-
-
-def _provider_state(url: str, error: str | None) -> dict[str, str]:
-    if error is None:
-        return {"status": "ok", "url": url}
-    return {"status": "unreachable", "url": url, "error": error}
+from campaign_trigger.services import health
+from campaign_trigger.store.files import get_storage
 
 
 @contextlib.asynccontextmanager
@@ -120,8 +52,11 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
 
 def create_app() -> FastAPI:
     """Build the API application. Reads the settings first, so that a bad one (such as a
-    CT_SECRET_KEY shorter than 32 bytes) stops the start with its reason."""
-    get_settings()
+    CT_SECRET_KEY shorter than 32 bytes) stops the start with its reason. A local
+    storage folder is made if missing; one that cannot be made shows in /health."""
+    settings = get_settings()
+    with contextlib.suppress(OSError):
+        get_storage(settings).make_root()
     app = FastAPI(
         title="campaign-trigger",
         version=__version__,
@@ -141,6 +76,7 @@ def create_app() -> FastAPI:
     # the last added runs first: headers on every answer, then the quota, then limits
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(ResponseHeadersMiddleware)
+    app.add_middleware(ObservabilityMiddleware)  # outermost: sees every answer
     app.include_router(auth.router)
     app.include_router(campaigns.router)
     app.include_router(files.router)
@@ -151,26 +87,25 @@ def create_app() -> FastAPI:
         "/health",
         tags=["health"],
         responses={
-            200: {"description": "The API serves; `status` is `degraded` when a part is not ok"},
-            503: {"description": "The database is unreachable: this API cannot serve"},
+            200: {
+                "description": "Every part is up; `status` is `degraded` when a push "
+                "provider is unreachable"
+            },
+            503: {
+                "description": "A part the service needs is down (`status` `down`): "
+                "`down` names it (`database`, `storage`, `prefect`), `errors` says why"
+            },
         },
     )
-    async def read_health() -> JSONResponse:
-        """The state of each dependency: the database, the Prefect server and the push
-        providers (FCM with its token endpoint, APNs: reachable or not, with the URL and
-        the error). `status` is `ok` only when every part is; the answer is 503 only
-        when the database is down."""
-        database = _database_ok()
-        prefect, providers = await asyncio.gather(_prefect_ok(), _providers())
-        healthy = database and prefect and all(p["status"] == "ok" for p in providers.values())
-        body: dict[str, Any] = {
-            "status": "ok" if healthy else "degraded",
-            "database": "ok" if database else "unreachable",
-            "prefect": "ok" if prefect else "unreachable",
-            "providers": providers,
-            "version": __version__,
-        }
-        return JSONResponse(body, status_code=200 if database else 503)
+    async def read_health(settings: SettingsDep) -> JSONResponse:
+        """The state of each part: the database, the storage of uploads and reports, the
+        Prefect server (each `ok` or `unreachable`), and the push providers (FCM with its
+        token endpoint, APNs: reachable or not, with the URL and the error). `status` is
+        `ok` when every part is, `degraded` when only a provider is not, `down` (503) when
+        the database, the storage or Prefect is."""
+        body = await health.check(settings)
+        return JSONResponse(body, status_code=503 if body["down"] else 200)
 
+    install_observability(app)
     customise_openapi(app, extra_models=campaigns.BODY_MODELS)
     return app

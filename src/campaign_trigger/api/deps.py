@@ -16,6 +16,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
+from campaign_trigger import metrics
 from campaign_trigger.config import Settings, get_settings
 from campaign_trigger.errors import QuotaExceeded
 from campaign_trigger.services import quota
@@ -74,6 +75,7 @@ def quota_identity(request: Request, session: SessionDep, identity: CurrentAccou
         state = quota.consume(session=session, org_id=identity.org_id)
         session.commit()  # counted whatever the call's outcome
     except QuotaExceeded:
+        metrics.QUOTA_REFUSALS.inc()
         session.rollback()
         setattr(request.state, QUOTA_STATE_KEY, 0)
         raise

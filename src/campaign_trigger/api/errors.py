@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from campaign_trigger.api.observability import note_refusal, reason_of
 from campaign_trigger.errors import CampaignTriggerError, TooManyRequests
 from campaign_trigger.schemas.text import printable
 
@@ -63,7 +64,8 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the contract's error body."""
 
     @app.exception_handler(CampaignTriggerError)
-    async def _domain(_: Request, exc: CampaignTriggerError) -> JSONResponse:
+    async def _domain(request: Request, exc: CampaignTriggerError) -> JSONResponse:
+        note_refusal(request, reason_of(exc))
         headers = None
         if isinstance(exc, TooManyRequests):
             headers = {"Retry-After": str(exc.retry_after_seconds)}
@@ -77,16 +79,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        note_refusal(request, "invalid_input")
         return error_response(400, _validation_message(exc))
 
     @app.exception_handler(httpx.HTTPError)
-    async def _scheduler_down(_: Request, exc: httpx.HTTPError) -> JSONResponse:
+    async def _scheduler_down(request: Request, exc: httpx.HTTPError) -> JSONResponse:
+        note_refusal(request, "scheduler_unavailable")
         log.warning("Prefect unreachable: %r", exc)
         return error_response(503, SCHEDULER_DOWN, {"Retry-After": "5"})
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        note_refusal(request, "internal_error")
         log.exception("unhandled error", exc_info=exc)
         # sent from outside the middleware stack: its security headers are set here
         headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}

@@ -8,10 +8,10 @@ from __future__ import annotations
 import typer
 from pydantic import ValidationError
 
-from campaign_trigger.cli import admin, deployments, stack
+from campaign_trigger.cli import admin, deployments, operations, stack
 from campaign_trigger.cli.base import app
 
-__all__ = ["admin", "app", "deployments", "main", "stack"]
+__all__ = ["admin", "app", "deployments", "main", "operations", "stack"]
 
 
 def _settings_errors(exc: ValidationError) -> str:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -118,6 +115,7 @@ def admin_import_devices(
     app_id: Annotated[str, typer.Option("--app-id")],
 ) -> None:
     """Insert or update an app's devices from a CSV file (a progress bar on a terminal)."""
+    from campaign_trigger.progress import progress_bar
     from campaign_trigger.services import admin
 
     with progress_bar("Importing devices") as progress:
@@ -125,18 +123,3 @@ def admin_import_devices(
             lambda s: admin.import_devices(session=s, app_id=app_id, path=file, progress=progress)
         )
     say(f"Imported {count} devices into {app_id}.")
-
-
-@contextmanager
-def progress_bar(description: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress callback drawing a bar on stderr when it is a terminal, else None."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(description, total=None)  # checking the file: no total yet
-        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -87,6 +87,8 @@ def api(
     """Run the HTTP API alone."""
     import uvicorn
 
+    from campaign_trigger import logs
+
     settings = get_settings()
     uvicorn.run(
         "campaign_trigger.api.app:create_app",
@@ -95,6 +97,7 @@ def api(
         port=settings.api_port,
         workers=workers or settings.api_workers,
         log_level="info",
+        log_config=logs.dict_config(settings.log_format),
         access_log=False,
     )
 
@@ -110,12 +113,11 @@ def sandbox(
 
     See docs/sandbox.md.
     """
-    import logging
-
+    from campaign_trigger import logs
     from campaign_trigger.delivery.sandbox import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = get_settings()
+    logs.configure(settings.log_format)
     serve(
         host=settings.sandbox_host,
         port=settings.sandbox_port,

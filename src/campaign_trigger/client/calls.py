@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote
 
 import httpx
 
 from campaign_trigger.client.errors import AuthError, error_for
 from campaign_trigger.client.models import RequestInfo, ScheduledPage
+from campaign_trigger.progress import ReadProgress, progress_bar
 from campaign_trigger.schemas.api import Message
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -73,7 +74,11 @@ def create_call(
         )
     assert csv_path is not None
     path = Path(csv_path)
-    handle = files.enter_context(path.open("rb"))
+    opened = files.enter_context(path.open("rb"))
+    handle: IO[bytes] | ReadProgress = opened
+    report = files.enter_context(progress_bar(f"Uploading {path.name}", unit="bytes"))
+    if report is not None:  # stderr is a terminal: a bar of the bytes sent
+        handle = ReadProgress(opened, total=path.stat().st_size, report=report)
     form = {"campaign_id": campaign_id, **({"send_at": when} if when is not None else {})}
     return Call(
         "POST",

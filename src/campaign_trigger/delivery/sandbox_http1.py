@@ -21,6 +21,7 @@ import httptools
 
 from campaign_trigger.delivery.sandbox_exchange import HTTP2_REQUIRED, Reply, Request, split_target
 from campaign_trigger.delivery.sandbox_http2_frames import http2_only_refusal
+from campaign_trigger.logs import without_tokens
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Http1Connection:
         keep_alive = self._parser.should_keep_alive()
         reply = self._handle(request)
         if reply.status == HTTP2_REQUIRED:
-            log.info("refused HTTP/1.1 %s: HTTP/2 required", path.decode("latin-1"))
+            log.info("refused HTTP/1.1 %s: HTTP/2 required", without_tokens(path.decode("latin-1")))
             self._closing = True
             self.transport.write(http2_only_refusal(reply.body))
             self.transport.close()

@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from campaign_trigger import metrics
 from campaign_trigger.delivery.auth import AuthRefused, AuthUnavailable
 from campaign_trigger.delivery.base import (
     FP_ERR_JSON_MARSHALLING,
@@ -92,6 +94,7 @@ class RetryingSender(ABC):
         self._auth_failed = False
         self._auth_reason = ""
         self._slots: asyncio.Semaphore | None = None
+        self._latency = metrics.LatencyTally()
 
     @property
     def auth_failed(self) -> bool:
@@ -150,8 +153,11 @@ class RetryingSender(ABC):
                         await on_result(result)
 
         workers = min(self._concurrency, len(todo))
-        if workers:
-            await asyncio.gather(*(worker() for _ in range(workers)))
+        try:
+            if workers:
+                await asyncio.gather(*(worker() for _ in range(workers)))
+        finally:
+            self._latency.flush(metrics.provider_of(self.platform))
         return [result for result in results if result is not None]
 
     def _failed(self, message: PushMessage, reason: str) -> PushResult:
@@ -176,6 +182,7 @@ class RetryingSender(ABC):
             if self._auth_failed:
                 return self._failed(message, self._auth_reason)
             retry_after: str | None = None
+            started = time.perf_counter()
             try:
                 answer = await self._post(message, body)
             except NotProcessed as exc:
@@ -189,6 +196,7 @@ class RetryingSender(ABC):
             except (TransportError, AuthUnavailable, TimeoutError) as exc:
                 verdict = Verdict(FP_ERR_PUSH_FAILED, retry=True, reason=_describe(exc))
             else:
+                self._latency.observe(time.perf_counter() - started)
                 verdict = self._map(answer)
                 retry_after = answer.retry_after
                 if verdict.refresh_auth:
@@ -206,6 +214,7 @@ class RetryingSender(ABC):
                 tries += 1
                 if tries >= self._max_attempts:
                     return self._failed(message, f"{verdict.reason} (after {tries} tries)")
+                metrics.count_retry(self.platform)
                 await asyncio.sleep(self._delay(tries, retry_after))
                 continue
             if not verdict.error_message:

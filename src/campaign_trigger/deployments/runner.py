@@ -18,6 +18,8 @@ from prefect.client.schemas.actions import DeploymentUpdate
 from prefect.deployments.runner import RunnerDeployment
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from campaign_trigger import logs
+from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import catalog
 
 logger = logging.getLogger(__name__)
@@ -50,8 +52,7 @@ async def take_over(served: list[RunnerDeployment]) -> None:
 
 def main(*, limit: int = 4, query_seconds: float = 2.0) -> None:
     """Serve the deployments until interrupted (SIGINT/SIGTERM)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logs.configure(get_settings().log_format)
     served = deployments()
     run_coro_as_sync(take_over(served))
     logger.info(

@@ -43,6 +43,8 @@ from prefect.settings import (
 )
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 
+from campaign_trigger import logs, metrics
+from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.providers import close_providers
 from campaign_trigger.deployments import catalog, upkeep
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
@@ -182,15 +184,20 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             self.active[flow_run.id] = current
         if task_status is not None:
             task_status.started(os.getpid())
+        metrics.RUNS_IN_FLIGHT.inc()
         try:
-            flow = await self._flow_of(flow_run)
-            state = await run_flow_async(
-                flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state"
-            )
-            logger.info("run %s finished: %s", flow_run.id, getattr(state, "type", state))
-            if getattr(state, "type", None) == StateType.CANCELLING:
-                await upkeep.finish_cancel(self.client, flow_run, message="Cancelled while running")
+            with logs.about_request(flow_run.parameters.get("request_id")):
+                flow = await self._flow_of(flow_run)
+                state = await run_flow_async(
+                    flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state"
+                )
+                logger.info("run %s finished: %s", flow_run.id, getattr(state, "type", state))
+                if getattr(state, "type", None) == StateType.CANCELLING:
+                    await upkeep.finish_cancel(
+                        self.client, flow_run, message="Cancelled while running"
+                    )
         finally:
+            metrics.RUNS_IN_FLIGHT.dec()
             self.active.pop(flow_run.id, None)
         return DeliveryResult(identifier=str(flow_run.id), status_code=0)
 
@@ -263,14 +270,17 @@ async def run_worker(
 
 
 def main(*, concurrency: int = 4, **options: Any) -> None:
-    """Run a worker until SIGINT/SIGTERM (in-flight runs finish first)."""
-    package_logger = logging.getLogger("campaign_trigger")
-    if not package_logger.handlers:  # Prefect's logging setup leaves the root at WARNING
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        package_logger.addHandler(handler)
-        package_logger.setLevel(logging.INFO)
-        package_logger.propagate = False
+    """Run a worker until SIGINT/SIGTERM (in-flight runs finish first); its metrics on
+    ``CT_WORKER_METRICS_PORT`` when set."""
+    settings = get_settings()
+    logs.configure(settings.log_format)
+    port = settings.worker_metrics_port
+    if port:
+        try:
+            metrics.serve(port=port)
+        except OSError as exc:  # a port in use: say which setting, not a traceback
+            raise SystemExit(f"error: CT_WORKER_METRICS_PORT={port}: {exc.strerror}") from None
+        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
 
     async def serve() -> None:
         stop = asyncio.Event()

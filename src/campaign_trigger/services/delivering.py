@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 from sqlmodel import Session
 
+from campaign_trigger import metrics
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery.base import (
     FP_ERR_PUSH_FAILED,
@@ -196,13 +197,16 @@ async def _send_push(
             platform=app.platform,
         )
         await sleep_until(job.send_at)  # everything is ready: never send before send_at
+        provider_name = metrics.provider_of(app.platform)
         if credentials is None:
             logger.error("app %s has no usable push credentials: not sent", app.app_id)
             for message in messages:
                 await record(PushResult(message.key, FP_ERR_PUSH_FAILED, None, None))
+            metrics.count_messages(provider_name, {FP_ERR_PUSH_FAILED: len(messages)})
             continue
         async with provider_lease(settings, app, credentials, provider_for) as provider:
             results = await provider.send_many(messages, on_result=record)
+            metrics.count_messages(provider_name, Counter(r.error_message for r in results))
             _log_failures(job, app, provider, results)
             if provider.auth_failed:
                 logger.warning("provider refused the credentials of app %s", app.app_id)
@@ -264,7 +268,7 @@ async def _publish_inapp(
         if not t.error_message
     ]
     counts.update(t.error_message for t in targets)
-    return await asyncio.to_thread(
+    published: bool = await asyncio.to_thread(
         outcome_log.record_whole_chunk,
         session=session,
         request_id=job.request_id,
@@ -274,6 +278,9 @@ async def _publish_inapp(
         published_at=now,
         ttl_seconds=job.options.ttl_seconds,
     )
+    if published:
+        metrics.count_messages("inapp", Counter(t.error_message for t in targets))
+    return published
 
 
 async def process_chunk(
@@ -323,6 +330,10 @@ async def process_chunk(
     try:
         known = [t for t in todo if t.error_message]
         counts.update(t.error_message for t in known)
+        platforms = {app.app_id: app.platform for app in job.apps}
+        metrics.count_outcomes_by_provider(
+            (metrics.provider_of(platforms[t.app_id]), t.error_message) for t in known
+        )
         await recorder.record_all(
             [_row(job, t, error=t.error_message, sent_at=None) for t in known]
         )

@@ -27,8 +27,10 @@ from prefect.client.schemas.filters import (
     FlowRunFilterState,
     FlowRunFilterStateType,
     FlowRunFilterTags,
+    WorkerFilter,
+    WorkerFilterStatus,
 )
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import FlowRun, StateType, WorkerStatus
 from prefect.client.schemas.responses import OrchestrationResult, SetStateStatus
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.settings import PREFECT_API_URL
@@ -283,3 +285,20 @@ async def runs_in_states(
         ),
         limit=PAGE_LIMIT,
     )
+
+
+async def online_workers(client: PrefectClient, *, pool: str) -> list[str]:
+    """Names of the workers of ``pool`` that Prefect counts online (recent heartbeats)."""
+    workers = await client.read_workers_for_work_pool(
+        pool,
+        worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=[WorkerStatus.ONLINE])),
+    )
+    return sorted(worker.name for worker in workers)
+
+
+def run_url(flow_run_id: str) -> str | None:
+    """The flow run's page in the Prefect UI (None when no Prefect server is configured)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else None

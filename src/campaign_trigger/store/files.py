@@ -16,7 +16,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from campaign_trigger.config import Settings
-from campaign_trigger.store.private import private_file
+from campaign_trigger.store.private import private_dir, private_file
 
 
 def upload_key(request_id: str) -> str:
@@ -53,6 +53,12 @@ class Storage:
             else:
                 self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         return self.fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
+
+    def make_root(self) -> None:
+        """Create a local root folder (0700) if it is missing; other stores need none."""
+        local = self.local_path("probe")
+        if local is not None:
+            private_dir(Path(self.root))
 
     def exists(self, key: str) -> bool:
         return bool(self.fs.exists(self.path(key)))

@@ -36,6 +36,7 @@ PAGES = [
     "docs/webhooks.md",
     "docs/security.md",
     "docs/sandbox.md",
+    "docs/operations.md",
     "docs/benchmarks.md",
     "docs/architecture.md",
 ]

@@ -146,7 +146,7 @@ def start_api_server(log_dir: Path, **env: str) -> Server:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/health", timeout=60, process=process)
+        wait_http(f"{url}/openapi.json", timeout=60, process=process)  # /health: 503 sans Prefect
     except BaseException:
         process.stop()
         raise

@@ -250,7 +250,7 @@ def test_the_home_s_files_are_private_from_their_creation(session_dir: Path) -> 
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/health", process=server)
+        wait_http(f"{url}/openapi.json", process=server)
         signed = httpx.post(
             f"{url}/users/sign_in", json={"user": {"email": "p@x.io", "password": PASSWORD}}
         )

@@ -1,18 +1,22 @@
 """``GET /health`` names each dependency: a provider nobody can reach (a sandbox that was
 never started) makes the stack ``degraded`` with the URL and the reason, not a silent
-column of ``FPErrPushFailed`` in the reports."""
+column of ``FPErrPushFailed`` in the reports; a part the service needs (the database, the
+storage, Prefect) that is down makes the real server answer 503 naming it."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from api_tenants import Tenant, start_api_server
 
 from campaign_trigger.api.app import create_app
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox import running_sandbox
-from support import free_port
+from support import ManagedProcess, free_port
 
 
 @pytest.fixture
@@ -34,10 +38,10 @@ async def api(sandbox_port: int) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_unreachable_providers_make_the_health_degraded_with_the_reason(
-    api: httpx.AsyncClient, sandbox_port: int
+    api: httpx.AsyncClient, sandbox_port: int, prefect_server: ManagedProcess
 ) -> None:
     answer = await api.get("/health")
-    assert answer.status_code == 200  # the API itself serves: its database answers
+    assert answer.status_code == 200  # the API itself serves: the parts it needs answer
     body = answer.json()
     assert body["status"] == "degraded"
     assert body["database"] == "ok"
@@ -57,3 +61,75 @@ async def test_reachable_providers_are_ok(api: httpx.AsyncClient, sandbox_port: 
         "fcm": {"status": "ok", "url": url},
         "apns": {"status": "ok", "url": url},
     }
+
+
+@pytest.fixture(scope="module")
+def dead_url() -> str:
+    return f"127.0.0.1:{free_port()}"
+
+
+def assert_down(answer: httpx.Response, part: str) -> None:
+    """A 503 naming ``part`` alone as down, with its reason."""
+    assert answer.status_code == 503, answer.text
+    body = answer.json()
+    assert body["status"] == "down"
+    assert body["down"] == [part]
+    assert body[part] == "unreachable"
+    assert body["errors"][part]
+    assert all(body[other] == "ok" for other in ("database", "storage", "prefect") if other != part)
+
+
+def outbox_depth(url: str) -> float:
+    page = httpx.get(f"{url}/metrics").text
+    [line] = [
+        line for line in page.splitlines() if line.startswith("campaign_trigger_outbox_depth")
+    ]
+    return float(line.split()[-1])
+
+
+def test_prefect_down_makes_the_real_server_answer_503_and_requests_wait_in_the_outbox(
+    prefect_server: ManagedProcess, session_dir: Path, dead_url: str, tenant: Tenant
+) -> None:
+    server = start_api_server(session_dir, PREFECT_API_URL=f"http://{dead_url}/api")
+    try:
+        assert_down(httpx.get(f"{server.url}/health", timeout=30), "prefect")
+        before = outbox_depth(server.url)
+        created = httpx.post(
+            f"{server.url}/api/campaigns/trigger",
+            headers=tenant.auth(),
+            json={"campaign_id": tenant.plain, "messages": [{"user_id": "u1"}]},
+        )
+        assert created.status_code == 200, created.text  # accepted: persisted, not scheduled
+        assert outbox_depth(server.url) == before + 1
+        request_id = created.json()["request_id"]
+        cancel = f"{server.url}/api/campaigns/request/{request_id}/cancel"
+        assert httpx.put(cancel, headers=tenant.auth()).status_code == 200
+        assert outbox_depth(server.url) == before
+    finally:
+        server.process.stop()
+
+
+@pytest.mark.parametrize(
+    ("part", "setting", "value"),
+    [
+        ("database", "CT_DATABASE_URL", "postgresql://postgres@{dead}/nothing"),
+        ("storage", "CT_STORAGE_URL", "{tmp}/storage"),  # removed once the server is up
+    ],
+)
+def test_a_part_down_makes_the_real_server_answer_503_naming_it(
+    prefect_server: ManagedProcess,
+    session_dir: Path,
+    tmp_path: Path,
+    dead_url: str,
+    part: str,
+    setting: str,
+    value: str,
+) -> None:
+    server = start_api_server(session_dir, **{setting: value.format(dead=dead_url, tmp=tmp_path)})
+    try:
+        if part == "storage":
+            assert httpx.get(f"{server.url}/health").json()["storage"] == "ok"
+            shutil.rmtree(tmp_path / "storage")
+        assert_down(httpx.get(f"{server.url}/health", timeout=30), part)
+    finally:
+        server.process.stop()

@@ -99,7 +99,7 @@ def test_generated_calls_stay_within_the_documented_schema(api_server: Server) -
     with requests.Session() as session:
         for result in schema.get_all_operations():
             operation = result.ok()
-            if operation.path == "/health":
+            if operation.path in ("/health", "/metrics"):  # no input to generate
                 continue
             for strategy, examples in _strategies(operation, tenant):
 

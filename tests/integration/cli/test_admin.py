@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pty
 import subprocess
 import sys
 import uuid
@@ -17,6 +15,7 @@ from sqlmodel import select
 from campaign_trigger.services.passwords import verify_password
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Account, App, Campaign, CampaignState, Device
+from support import run_on_terminal
 
 
 @pytest.fixture
@@ -39,7 +38,6 @@ def test_migrate_is_repeatable() -> None:
 
 
 def test_migrate_says_it_created_an_empty_database(tmp_path: Path) -> None:
-    import os
 
     env = {**os.environ, "CT_DATABASE_URL": f"sqlite:///{tmp_path / 'new.sqlite'}"}
     command = [sys.executable, "-m", "campaign_trigger.cli", "admin", "migrate"]
@@ -340,23 +338,10 @@ def test_import_devices_draws_a_progress_bar_on_a_terminal(
     rows = "".join(f"d{n},u{n},tok-{n},true,true\n" for n in range(120_000))
     path.write_text("device_id,user_id,push_token,opted_in,logged_in\n" + rows)
     command = Path(sys.executable).with_name("campaign-trigger")
-    primary, secondary = pty.openpty()
-    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
-    process = subprocess.Popen(
-        [str(command), "admin", "import-devices", "--app-id", android_app, str(path)],
-        stdin=secondary,
-        stdout=secondary,
-        stderr=secondary,
-        env=env,
+    code, text = run_on_terminal(
+        [str(command), "admin", "import-devices", "--app-id", android_app, str(path)]
     )
-    os.close(secondary)
-    output = b""
-    with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
-        while chunk := os.read(primary, 65536):
-            output += chunk
-    os.close(primary)
-    assert process.wait(timeout=120) == 0, output
-    text = output.decode(errors="replace")
+    assert code == 0, text
     assert "Importing devices" in text  # the bar, drawn on the terminal
     assert "120000" in text or "120,000" in text, text
     assert "Imported 120000 devices" in text

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
+
 from campaign_trigger.services import admin, devices
 from campaign_trigger.store.db import session_scope
 from support import VENV_BIN, ManagedProcess, free_port, wait_http
@@ -48,8 +50,7 @@ def running_stack(
     env = {
         "CT_API_PORT": str(api_port),
         "CT_SANDBOX_PORT": str(sandbox_port),
-        # not the default 8443: another stack on the machine (a test's, a developer's) has it
-        "CT_SANDBOX_TLS_PORT": str(free_port()),
+        "CT_SANDBOX_TLS_PORT": str(free_port()),  # not 8443: another stack may hold it
         **(extra_env or {}),
     }
     stack = RunningStack(
@@ -132,6 +133,16 @@ def seed_tenant(*, quota: int = 10_000, users: int = 3, started: bool = True) ->
         app_id=app_id,
         users=user_ids,
     )
+
+
+def sign_in(api: str, tenant: SeededTenant, *, email: str | None = None) -> dict[str, str]:
+    """The Authorization header of the tenant's member (or of ``email``) on the API."""
+    signed = httpx.post(
+        f"{api}/users/sign_in",
+        json={"user": {"email": email or tenant.member_email, "password": tenant.password}},
+    )
+    assert signed.status_code == 200, signed.text
+    return {"Authorization": signed.headers["Authorization"]}
 
 
 def write_batch_csv(path: Path, users: list[str]) -> Path:
