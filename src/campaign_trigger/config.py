@@ -164,6 +164,13 @@ class Settings(BaseSettings):
     webhook_concurrency: int = Field(
         default=16, gt=0, description="Completion webhooks: POSTs in flight per worker process."
     )
+    webhook_allow_private_addresses: bool = Field(
+        default=False,
+        description="Completion webhooks: allow URLs whose host is (or resolves to) a "
+        "private, loopback, link-local or reserved address; refused otherwise, so that an "
+        "organisation cannot make the service call its own network. Implied by "
+        "send_to_sandbox.",
+    )
 
     @field_validator("secret_key")
     @classmethod

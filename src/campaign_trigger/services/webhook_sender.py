@@ -19,10 +19,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import update
@@ -124,10 +126,33 @@ def _describe(exc: Exception) -> str:
     return text[:MAX_ERROR_LENGTH]
 
 
+async def private_destination(url: str) -> str | None:
+    """Why ``url``'s host is refused (it resolves to a private address), or None.
+
+    Checked at each POST, not only at registration: a public name can be pointed at a
+    private address later. A name that does not resolve is left to the POST to fail."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    for *_, address in found:
+        if webhooks.is_private(str(address[0])):
+            return f"refused: {host} resolves to {address[0]}, not a public address"
+    return None
+
+
 async def attempt(
     client: httpx.AsyncClient, settings: Settings, job: Job
 ) -> tuple[int | None, str | None, int]:
-    """POST the event once: (status code, error, duration in ms)."""
+    """POST the event once: (status code, error, duration in ms). Outside sandbox mode a
+    URL whose host resolves to a private address is not called (the attempt records why)."""
+    if not webhooks.private_allowed(settings):
+        refused = await private_destination(job.url)
+        if refused is not None:
+            return None, refused, 0
     headers = {
         "Content-Type": "application/json",
         "User-Agent": f"campaign-trigger-webhooks/{__version__}",

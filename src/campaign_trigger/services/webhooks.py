@@ -11,6 +11,7 @@ network, so a receiver can never delay or fail a request.
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ EVENT_TYPES: Final = {
     RequestState.failed: "request.failed",
 }
 HTTPS_ONLY = "The webhook URL must be an https:// URL"
+PRIVATE_ADDRESS = (
+    "The webhook URL must not point to a private, loopback, link-local or reserved address"
+)
+LOCAL_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 BAD_URL = "The webhook URL must be an absolute URL with a host (ASCII, no spaces)"
 TOO_MANY = f"An organisation may register at most {MAX_ENDPOINTS} webhook endpoints"
 
@@ -98,7 +103,33 @@ def check_url(*, settings: Settings, url: str) -> str:
         raise InvalidInput(BAD_URL)
     if parts.scheme != "https" and not settings.send_to_sandbox:
         raise InvalidInput(HTTPS_ONLY)
+    if not private_allowed(settings) and (
+        parts.hostname.lower().rstrip(".") in LOCAL_NAMES or _private_literal(parts.hostname)
+    ):
+        raise InvalidInput(PRIVATE_ADDRESS)
     return url
+
+
+def private_allowed(settings: Settings) -> bool:
+    """Whether events may go to our own network (sandbox mode, or the operator says so)."""
+    return settings.send_to_sandbox or settings.webhook_allow_private_addresses
+
+
+def is_private(address: str) -> bool:
+    """True unless ``address`` (an IP) is a public unicast one: private, loopback,
+    link-local (cloud metadata at 169.254.169.254), shared, reserved and multicast
+    addresses are ours or nobody's, IPv4-mapped IPv6 judged as its IPv4."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+def _private_literal(host: str) -> bool:
+    try:
+        return is_private(host.strip("[]"))
+    except ValueError:  # a name, not an address: judged when it is resolved, at each POST
+        return False
 
 
 def register(*, session: Session, settings: Settings, org_id: int, url: str) -> Registered:

@@ -76,6 +76,10 @@ def test_without_a_token_the_routes_answer_401(api: httpx.Client) -> None:
             "The webhook URL must be an absolute URL with a host (ASCII, no spaces)",
         ),
         ("https://", "The webhook URL must be an absolute URL with a host (ASCII, no spaces)"),
+        (
+            "https://169.254.169.254/latest/meta-data",
+            "The webhook URL must not point to a private, loopback, link-local or reserved address",
+        ),
     ],
 )
 def test_a_url_that_is_not_https_is_refused_outside_sandbox_mode(

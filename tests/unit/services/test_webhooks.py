@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from sqlmodel import Session, col, select
 
@@ -16,7 +17,7 @@ from campaign_trigger.errors import InvalidInput
 from campaign_trigger.services import lifecycle, reports, webhooks
 from campaign_trigger.services.request_states import set_state
 from campaign_trigger.services.sealed import unseal
-from campaign_trigger.services.webhook_sender import record_attempt, retry_delay
+from campaign_trigger.services.webhook_sender import Job, attempt, record_attempt, retry_delay
 from campaign_trigger.store.models import (
     Channel,
     MessageSource,
@@ -56,6 +57,56 @@ def test_https_is_required_outside_sandbox_mode(settings: Settings) -> None:
     )
     sandbox = settings.model_copy(update={"send_to_sandbox": True})
     assert webhooks.check_url(settings=sandbox, url="http://127.0.0.1:9/h")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1/h",
+        "https://10.1.2.3/h",
+        "https://192.168.0.10:8443/h",
+        "https://169.254.169.254/latest/meta-data",
+        "https://100.64.0.1/h",
+        "https://0.0.0.0/h",
+        "https://224.0.0.1/h",
+        "https://[::1]/h",
+        "https://[fd00::1]/h",
+        "https://[fe80::1]/h",
+        "https://[::ffff:127.0.0.1]/h",
+        "https://localhost/h",
+        "https://LOCALHOST./h",
+    ],
+)
+def test_a_private_address_is_refused_outside_sandbox_mode(settings: Settings, url: str) -> None:
+    with pytest.raises(InvalidInput, match="private, loopback, link-local or reserved"):
+        webhooks.check_url(settings=settings, url=url)
+    allowed = settings.model_copy(update={"webhook_allow_private_addresses": True})
+    assert webhooks.check_url(settings=allowed, url=url) == url
+    sandbox = settings.model_copy(update={"send_to_sandbox": True})
+    assert webhooks.check_url(settings=sandbox, url=url) == url
+
+
+def test_public_addresses_and_names_are_accepted(settings: Settings) -> None:
+    for url in ("https://93.184.216.34/h", "https://[2606:4700::1111]/h", "https://hooks.a.io/"):
+        assert webhooks.check_url(settings=settings, url=url) == url
+
+
+async def test_a_name_resolving_to_a_private_address_is_not_called(settings: Settings) -> None:
+    called: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        called.append(request)
+        return httpx.Response(200)
+
+    job = Job(delivery_id=1, url="https://localhost:9/hook", secret="whsec_x", body=b"{}")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        status, error, _ = await attempt(client, settings, job)
+        assert (status, called) == (None, [])
+        assert error is not None
+        assert error.startswith("refused: localhost resolves to ")
+        allowed = settings.model_copy(update={"webhook_allow_private_addresses": True})
+        assert (await attempt(client, allowed, job))[:2] == (200, None)
+    assert [str(r.url) for r in called] == ["https://localhost:9/hook"]
 
 
 @pytest.mark.parametrize(
