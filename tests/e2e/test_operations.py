@@ -246,6 +246,7 @@ def test_status_shows_every_part_and_exits_1_saying_prefect_is_down(stack: Runni
     assert "storage     ok" in up.stdout
     assert "prefect     ok" in up.stdout
     assert "outbox      " in up.stdout
+    assert re.search(r"^webhooks    \d+ waiting ", up.stdout, re.MULTILINE), up.stdout
     online = re.search(r"^workers     (\d+) online ", up.stdout, re.MULTILINE)
     assert online is not None, up.stdout
     assert int(online.group(1)) >= 2  # the worker's two: requests and chunks queues

@@ -41,8 +41,9 @@ def _stack_prefect() -> Iterator[None]:
 
 @app.command()
 def status() -> None:
-    """Each part's health, the outbox depth, the workers online, the scheduled requests
-    per campaign and the last failed requests; exits 1 when a part is down."""
+    """Each part's health, the outbox depth, the webhook events waiting, the workers
+    online, the scheduled requests per campaign and the last failed requests; exits 1 when
+    a part is down."""
     from campaign_trigger.deployments.catalog import DELIVERY_POOL
     from campaign_trigger.services.operations import stack_status
 
@@ -57,6 +58,8 @@ def status() -> None:
         say(f"{name:<12}{state}  ({provider['url']})")
     outbox = "unknown" if view.outbox_depth is None else f"{view.outbox_depth} waiting"
     say(f"{'outbox':<12}{outbox}")
+    waiting = "unknown" if view.webhooks_waiting is None else f"{view.webhooks_waiting} waiting"
+    say(f"{'webhooks':<12}{waiting} (completion events not yet accepted)")
     if view.workers is None:
         say(f"{'workers':<12}unknown (Prefect is down)")
     else:

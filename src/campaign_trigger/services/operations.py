@@ -1,6 +1,7 @@
 """What an operator looks at (``campaign-trigger status``, ``requests show ID``): every
-part's health, the outbox, the workers online, the scheduled requests per campaign, the
-last failed requests, and one request in full. Across organisations: operators only."""
+part's health, the outbox, the webhook events waiting, the workers online, the scheduled
+requests per campaign, the last failed requests, and one request in full. Across
+organisations: operators only."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sqlmodel import Session, col, func, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import RequestNotFound, RequestStateError
-from campaign_trigger.services import health, lifecycle, prefect_runs, scheduling
+from campaign_trigger.services import health, lifecycle, prefect_runs, scheduling, webhooks
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Outcome, Request, RequestState
 
@@ -24,6 +25,7 @@ FAILURES_SHOWN = 5
 class StackStatus:
     health: dict[str, Any]
     outbox_depth: int | None = None
+    webhooks_waiting: int | None = None
     workers: list[str] | None = None  # None: Prefect could not be asked
     scheduled: list[tuple[str, int]] = field(default_factory=list)  # (campaign, requests)
     failures: list[Request] = field(default_factory=list)
@@ -40,6 +42,7 @@ class RequestDetail:
 def _database_figures(status: StackStatus) -> None:
     with session_scope() as session:
         status.outbox_depth = scheduling.outbox_depth(session=session)
+        status.webhooks_waiting = webhooks.waiting_events(session=session)
         status.scheduled = [
             (campaign, int(count))
             for campaign, count in session.exec(

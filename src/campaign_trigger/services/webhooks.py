@@ -207,6 +207,12 @@ def attempts(
     ]
 
 
+def waiting_events(*, session: Session) -> int:
+    """Events not yet accepted by their receiver and still to be tried (all organisations)."""
+    waiting = select(func.count()).where(col(WebhookDelivery.next_attempt_at).is_not(None))
+    return int(session.exec(waiting).one())
+
+
 def purge_settled(*, session: Session, before: datetime) -> int:
     """Forget events delivered or given up that happened before ``before``, with their
     attempts (the caller commits); returns how many."""

@@ -240,6 +240,7 @@ def test_a_failed_attempt_is_recorded_and_retried_until_the_window_closes(
     session.commit()
     [delivery] = _deliveries(session, request_id)
     assert delivery.id is not None
+    assert webhooks.waiting_events(session=session) == 1
 
     @contextmanager
     def sessions() -> Iterator[Session]:
@@ -265,6 +266,7 @@ def test_a_failed_attempt_is_recorded_and_retried_until_the_window_closes(
             assert delivery.next_attempt_at is not None
             assert delivery.next_attempt_at > datetime.now(UTC) + timedelta(seconds=50)
     assert delivery.next_attempt_at is None  # 120 s later: past the 100 s window
+    assert webhooks.waiting_events(session=session) == 0  # given up
     assert (delivery.attempt_count, delivery.delivered_at) == (2, None)
     attempts = session.exec(select(WebhookAttempt).order_by(col(WebhookAttempt.id))).all()
     assert [(a.status_code, a.error) for a in attempts] == [
