@@ -1,5 +1,6 @@
 """``campaign-trigger admin`` commands for an app's push provider credentials:
-``set-credentials``, ``remove-credentials``, ``show-app`` (never prints a secret).
+``set-credentials``, ``remove-credentials``, ``show-app`` (never prints a secret), and
+``reseal-secrets`` after a change of the service secret.
 
 See :mod:`campaign_trigger.services.app_credentials` and ``docs/apps-and-credentials.md``.
 """
@@ -107,6 +108,37 @@ def register(
 
         had = in_session(lambda s: app_credentials.remove_credentials(session=s, app_id=app_id))
         say(f"App {app_id}: " + ("credentials removed." if had else "had no credentials."))
+
+    @admin.command("reseal-secrets")
+    def reseal_secrets(
+        old_secret_file: Annotated[
+            Path,
+            typer.Option(
+                help="A file holding the previous service secret (the old CT_SECRET_KEY, or "
+                "the old CT_HOME/secret.key).",
+            ),
+        ],
+    ) -> None:
+        """After a change of CT_SECRET_KEY: seal every app credential and webhook secret
+        again with the current secret, in one transaction (run it with the new
+        CT_SECRET_KEY set, the service stopped). A repeated run changes nothing."""
+        from campaign_trigger.config import get_settings
+        from campaign_trigger.services.sealed import SealError
+        from campaign_trigger.services.secret_rotation import reseal_all, with_secret
+
+        old_secret = _read(old_secret_file, "old secret file", fail).decode().strip()
+        settings = get_settings()
+        if not old_secret:
+            fail(f"The old secret file {old_secret_file} is empty")
+        old = with_secret(settings, old_secret)
+        try:
+            done = in_session(lambda s: reseal_all(session=s, old=old, new=settings))
+        except SealError as exc:
+            fail(f"Nothing changed: {exc}")
+        say(
+            f"Sealed again with the current secret: {done.credentials} app credentials, "
+            f"{done.webhooks} webhook secrets ({done.current} already were)."
+        )
 
     @admin.command("show-app")
     def show_app(app_id: str) -> None:

@@ -60,7 +60,8 @@ class MissingCredentials(InvalidInput):
     """Production mode: an app of the campaign has no provider credentials."""
 
 
-def _context(app_id: str, service: PushService) -> str:
+def sealed_context(app_id: str, service: PushService) -> str:
+    """Where an app's sealed secret belongs (a value copied to another row does not open)."""
     return f"app:{app_id}:{service.value}"
 
 
@@ -106,7 +107,7 @@ def set_fcm_credentials(
             client_email=fields["client_email"],
             public_key_sha256=public_key_sha256(fields["private_key"]),
             sealed_secret=seal(
-                settings, service_account, context=_context(app_id, PushService.fcm)
+                settings, service_account, context=sealed_context(app_id, PushService.fcm)
             ),
         ),
     )
@@ -149,7 +150,7 @@ def set_apns_credentials(
             topic=topic,
             environment=environment,
             public_key_sha256=public_key_sha256(pem),
-            sealed_secret=seal(settings, key, context=_context(app_id, PushService.apns)),
+            sealed_secret=seal(settings, key, context=sealed_context(app_id, PushService.apns)),
         ),
     )
 
@@ -202,7 +203,7 @@ def describe_app(*, session: Session, settings: Settings, app_id: str) -> dict[s
 
 
 def _own(settings: Settings, row: AppCredentials) -> ProviderCredentials:
-    secret = unseal(settings, row.sealed_secret, context=_context(row.app_id, row.service))
+    secret = unseal(settings, row.sealed_secret, context=sealed_context(row.app_id, row.service))
     identity = f"app:{row.app_id}:v{row.version}"
     if row.service == PushService.fcm:
         return app_fcm_credentials(
