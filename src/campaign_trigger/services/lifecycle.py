@@ -130,43 +130,49 @@ def _correct(session: Session, corrections: Corrections) -> None:
 async def scheduled_requests(
     *, session: Session, org_id: int, campaign_id: str, limit: int, offset: int
 ) -> tuple[list[Request], int]:
-    """The campaign's requests whose flow run is Scheduled (or still in the outbox)."""
+    """The campaign's requests whose flow run is Scheduled (or still in the outbox).
+
+    Prefect is asked about the requests up to the page's end only, a window of runs at a
+    time, so a list costs what its page costs, not the campaign's whole backlog: the
+    mirror says which requests are scheduled, and a request the mirror calls scheduled
+    but whose run is not (started, or cancelled in the UI) is corrected and left out.
+    The total counts the requests checked, plus those beyond the page the mirror calls
+    scheduled (corrected in turn when a page reaches them)."""
     candidates = await asyncio.to_thread(
         _campaign_requests, session, org_id=org_id, campaign_id=campaign_id
     )
+    listed: list[Request] = []
     corrections: Corrections = {}
+    checked = 0
     try:
         async with prefect_runs.client() as client:
-            scheduled_ids = await prefect_runs.scheduled_run_ids(
-                client, tags=prefect_runs.run_tags(campaign_id=campaign_id, org_id=org_id)
-            )
-            # The mirror says scheduled, Prefect does not (started, or cancelled in the
-            # UI): correct the mirror from the run's state.
-            for r in candidates:
-                if (
-                    r.state == RequestState.scheduled
-                    and r.flow_run_id is not None
-                    and r.flow_run_id not in scheduled_ids
-                ):
-                    run = await prefect_runs.read_run(client, r.flow_run_id)
-                    wanted = request_states.mirror_of(
-                        run.state.type if run.state else None, has_reports=bool(r.report_paths)
-                    )
-                    if wanted is not None and wanted != r.state:
-                        corrections[r.id] = (r.state, wanted)
+            while checked < len(candidates) and len(listed) < offset + limit:
+                window = candidates[checked : checked + prefect_runs.PAGE_LIMIT]
+                checked += len(window)
+                scheduled_ids = await prefect_runs.scheduled_among(
+                    client, [r.flow_run_id for r in window if r.flow_run_id is not None]
+                )
+                for r in window:
+                    if r.flow_run_id is None or r.flow_run_id in scheduled_ids:
+                        if r.flow_run_id is not None or r.state == RequestState.scheduled:
+                            listed.append(r)
+                    elif r.state == RequestState.scheduled:
+                        # The mirror says scheduled, Prefect does not: correct the mirror.
+                        run = await prefect_runs.read_run(client, r.flow_run_id)
+                        wanted = request_states.mirror_of(
+                            run.state.type if run.state else None,
+                            has_reports=bool(r.report_paths),
+                        )
+                        if wanted is not None and wanted != r.state:
+                            corrections[r.id] = (r.state, wanted)
     except Exception as exc:  # Prefect unreachable: the mirror is the best answer we have
         logger.warning("scheduled list from the database mirror: %r", exc)
-        listed = [r for r in candidates if r.state == RequestState.scheduled]
-        return listed[offset : offset + limit], len(listed)
+        mirrored = [r for r in candidates if r.state == RequestState.scheduled]
+        return mirrored[offset : offset + limit], len(mirrored)
     if corrections:
         await asyncio.to_thread(_correct, session, corrections)
-    listed = [
-        r
-        for r in candidates
-        if (r.flow_run_id is None and r.state == RequestState.scheduled)
-        or (r.flow_run_id is not None and r.flow_run_id in scheduled_ids)
-    ]
-    return listed[offset : offset + limit], len(listed)
+    beyond = sum(1 for r in candidates[checked:] if r.state == RequestState.scheduled)
+    return listed[offset : offset + limit], len(listed) + beyond
 
 
 def _request_and_channel(

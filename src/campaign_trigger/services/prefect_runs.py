@@ -26,7 +26,6 @@ from prefect.client.schemas.filters import (
     FlowRunFilterNextScheduledStartTime,
     FlowRunFilterState,
     FlowRunFilterStateType,
-    FlowRunFilterTags,
     WorkerFilter,
     WorkerFilterStatus,
 )
@@ -229,34 +228,28 @@ async def cancel_if_scheduled(client: PrefectClient, flow_run_id: UUID | str) ->
 
 
 def scheduled_filter(
-    *, dep_id: UUID, tags: list[str] | None = None, due_before: datetime | None = None
+    *, dep_id: UUID, ids: Sequence[UUID] | None = None, due_before: datetime | None = None
 ) -> FlowRunFilter:
     return FlowRunFilter(
         deployment_id=FlowRunFilterDeploymentId(any_=[dep_id]),
         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])),
-        tags=FlowRunFilterTags(all_=tags) if tags else None,
+        id=FlowRunFilterId(any_=list(ids)) if ids else None,
         next_scheduled_start_time=(
             FlowRunFilterNextScheduledStartTime(before_=due_before) if due_before else None
         ),
     )
 
 
-async def scheduled_run_ids(client: PrefectClient, *, tags: list[str]) -> set[str]:
-    """Ids of every Scheduled deliver-request run carrying all ``tags``."""
-    dep_id = await deployment_id(client)
-    found: set[str] = set()
-    offset = 0
-    while True:
-        page = await client.read_flow_runs(
-            flow_run_filter=scheduled_filter(dep_id=dep_id, tags=tags),
-            sort=FlowRunSort.ID_DESC,
-            limit=PAGE_LIMIT,
-            offset=offset,
-        )
-        found.update(str(run.id) for run in page)
-        if len(page) < PAGE_LIMIT:
-            return found
-        offset += PAGE_LIMIT
+async def scheduled_among(client: PrefectClient, run_ids: Sequence[str]) -> set[str]:
+    """Which of ``run_ids`` (at most :data:`PAGE_LIMIT`) are Scheduled deliver-request runs."""
+    if not run_ids:
+        return set()
+    ids = [UUID(run_id) for run_id in run_ids]
+    runs = await client.read_flow_runs(
+        flow_run_filter=scheduled_filter(dep_id=await deployment_id(client), ids=ids),
+        limit=PAGE_LIMIT,
+    )
+    return {str(run.id) for run in runs}
 
 
 async def due_runs(client: PrefectClient, *, before: datetime, limit: int) -> list[FlowRun]:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from prefect import get_client
+from prefect.client.orchestration import PrefectClient
 from prefect.states import Cancelling
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
-from campaign_trigger.services import lifecycle
+from campaign_trigger.services import lifecycle, prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState
@@ -135,6 +137,46 @@ async def test_a_cancel_made_in_the_prefect_ui_is_the_same_cancel(
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
     assert load_request(request_id).state == RequestState.canceled
+
+
+async def test_a_page_asks_prefect_about_the_requests_up_to_its_end_only(
+    deployed: ManagedProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant = seed_tenant()
+    total = prefect_runs.PAGE_LIMIT + 5
+    request_ids = [add_request(tenant, ["u1"], send_at=later(600 + n)) for n in range(total)]
+    while await drain():
+        pass
+    async with get_client() as client:  # two cancelled in the UI, one in each window
+        for n in (0, prefect_runs.PAGE_LIMIT + 1):
+            flow_run_id = load_request(request_ids[n]).flow_run_id
+            assert flow_run_id is not None
+            await client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelling())
+    asked: list[int] = []
+    scheduled_among = prefect_runs.scheduled_among
+
+    async def counted(client: PrefectClient, run_ids: Sequence[str]) -> set[str]:
+        asked.append(len(run_ids))
+        return await scheduled_among(client, run_ids)
+
+    monkeypatch.setattr(prefect_runs, "scheduled_among", counted)
+
+    first, counted_total = await scheduled_requests(
+        org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=2, offset=0
+    )
+    assert [r.id for r in first] == request_ids[1:3]
+    assert asked == [prefect_runs.PAGE_LIMIT]  # the first window only, not the backlog
+    assert counted_total == total - 1  # the second window's cancel is not seen yet
+    assert load_request(request_ids[0]).state == RequestState.canceled
+
+    asked.clear()
+    last, counted_total = await scheduled_requests(
+        org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=total - 5
+    )
+    assert [r.id for r in last] == request_ids[-3:]
+    assert asked == [prefect_runs.PAGE_LIMIT, 4]  # the first request corrected: not open now
+    assert counted_total == total - 2
+    assert load_request(request_ids[prefect_runs.PAGE_LIMIT + 1]).state == RequestState.canceled
 
 
 async def test_unknown_and_foreign_requests_and_campaigns_are_not_found(
