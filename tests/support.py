@@ -94,6 +94,15 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def wait_logged(self, text: str, *, timeout: float = 90.0) -> None:
+        """Until ``text`` is in the log (a worker's " ready: polling": its deployments are
+        registered); fail early if the process died."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log_path.read_text(errors="replace"):
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not log {text!r}:\n{self.log_tail()}")
+            time.sleep(0.1)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the whole group and reap the leader."""
         with suppress(ProcessLookupError):

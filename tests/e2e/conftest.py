@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,11 +82,7 @@ def start_worker(
             },
         )
         workers.append(worker)
-        deadline = time.monotonic() + 60
-        while " ready: polling" not in worker.log_tail(200):
-            if worker.popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker did not start:\n{worker.log_tail()}")
-            time.sleep(0.1)
+        worker.wait_logged(" ready: polling", timeout=60)
         return worker
 
     yield start

@@ -63,12 +63,14 @@ def running_stack(
         stack.processes.append(sandbox)
         api = ManagedProcess("api", [exe, "api"], env=env, log_dir=log_dir)
         stack.processes.append(api)
+        delivery = None
         if worker:
-            stack.processes.append(
-                ManagedProcess("worker", [exe, "worker"], env=env, log_dir=log_dir)
-            )
+            delivery = ManagedProcess("worker", [exe, "worker"], env=env, log_dir=log_dir)
+            stack.processes.append(delivery)
         wait_http(f"{stack.sandbox_url}/sandbox/stats", timeout=60, process=sandbox)
         wait_http(f"{stack.api_url}/health", timeout=60, process=api)
+        if delivery is not None:  # its deployments registered: a send finds them
+            delivery.wait_logged(" ready: polling")
         yield stack
     finally:
         for process in reversed(stack.processes):
