@@ -12,7 +12,10 @@ reason. Then one statement set per database, inside the caller's transaction:
 
 The upsert is :func:`campaign_trigger.services.devices.refresh`'s rule in SQL: a new
 push token clears ``unregistered_at``; ``uninstalled_at`` is cleared; ``updated_at``
-is now; the device secret is kept.
+is now; the device secret is kept. A device the file repeats exactly (same user, token
+and flags, not uninstalled) is left as it is, ``updated_at`` included: the nightly
+re-import of a whole base rewrites only what changed (PostgreSQL: 1 M unchanged
+devices in a fraction of the 23 s a rewrite of every row takes).
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ BATCH_ROWS: Final = 50_000
 Progress = Callable[[int, int], None]
 """Called with (rows written, rows in the file) as the import advances."""
 
+# A known device is written only when the file changes it (or it was uninstalled).
+CHANGED: Final = """\
+device.user_id IS DISTINCT FROM {new}.user_id
+    OR device.push_token IS DISTINCT FROM {new}.push_token
+    OR device.opted_in <> {new}.opted_in
+    OR device.logged_in <> {new}.logged_in
+    OR device.uninstalled_at IS NOT NULL"""
 SQLITE_UPSERT: Final = """
 INSERT INTO device (app_id, device_id, user_id, push_token, opted_in, logged_in, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -52,7 +62,8 @@ ON CONFLICT (app_id, device_id) DO UPDATE SET
     user_id = excluded.user_id,
     opted_in = excluded.opted_in,
     logged_in = excluded.logged_in
-"""
+WHERE {changed}
+""".format(changed=CHANGED.format(new="excluded"))
 POSTGRES_UPDATE: Final = """
 UPDATE device SET
     unregistered_at = CASE WHEN device.push_token IS NOT DISTINCT FROM i.push_token
@@ -64,8 +75,8 @@ UPDATE device SET
     opted_in = i.opted_in,
     logged_in = i.logged_in
 FROM device_import AS i
-WHERE device.app_id = %(app_id)s AND device.device_id = i.device_id
-"""
+WHERE device.app_id = %(app_id)s AND device.device_id = i.device_id AND ({changed})
+""".format(changed=CHANGED.format(new="i"))
 # then the rows the update did not find (ON CONFLICT: a device registered meanwhile)
 POSTGRES_INSERT: Final = """
 INSERT INTO device (app_id, device_id, user_id, push_token, opted_in, logged_in, updated_at)
@@ -84,7 +95,8 @@ ON CONFLICT (app_id, device_id) DO UPDATE SET
     user_id = excluded.user_id,
     opted_in = excluded.opted_in,
     logged_in = excluded.logged_in
-"""
+WHERE {changed}
+""".format(changed=CHANGED.format(new="excluded"))  # noqa: S608 (constants only)
 
 
 def read_device_file(path: Path) -> pa.Table:

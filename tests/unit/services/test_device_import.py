@@ -110,6 +110,30 @@ def test_import_inserts_then_updates_by_the_registration_rule(
         assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", t) for t in texts), texts
 
 
+def test_a_device_the_file_repeats_exactly_is_left_as_it_is(
+    database: str, app_id: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "devices.csv"
+    content = HEADER + "d1,u1,tok-1,true,true\nd2,u2,tok-2,true,true\nd3,u3,tok-3,true,true\n"
+    _import(database, app_id, path, content)
+    before = _devices(database, app_id)
+    with Session(engine_for(database)) as session:  # d3 was uninstalled since
+        d3 = session.exec(select(Device).where(Device.app_id == app_id, Device.device_id == "d3"))
+        device = d3.one()
+        device.uninstalled_at = datetime(2026, 1, 1, tzinfo=UTC)
+        session.add(device)
+        session.commit()
+    # d1 repeated exactly, d2 opts out, d3 comes back with the same values
+    content = HEADER + "d1,u1,tok-1,true,true\nd2,u2,tok-2,false,true\nd3,u3,tok-3,true,true\n"
+    assert _import(database, app_id, path, content) == 3
+    after = _devices(database, app_id)
+    assert after["d1"].updated_at == before["d1"].updated_at
+    assert after["d2"].updated_at > before["d2"].updated_at
+    assert after["d2"].opted_in is False
+    assert after["d3"].uninstalled_at is None
+    assert after["d3"].updated_at > before["d3"].updated_at
+
+
 @pytest.mark.parametrize(
     ("rows", "reason"),
     [
