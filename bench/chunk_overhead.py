@@ -32,6 +32,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+import psutil
+
 from harness import (
     Audience,
     Worker,
@@ -47,6 +49,19 @@ if TYPE_CHECKING:
     from campaign_trigger.services.delivery_run import DeliveryPlan
 
 TARGET = 0.05
+
+
+def prefect_server() -> psutil.Process:
+    """The Prefect server :func:`private_stack` started (a child of this process)."""
+    for child in psutil.Process().children(recursive=True):
+        if "campaign_trigger.deployments.prefect_server" in " ".join(child.cmdline()):
+            return child
+    raise LookupError("no Prefect server among this process's children")
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def claim(request_id: str) -> DeliveryPlan:
@@ -144,12 +159,17 @@ def main() -> None:
         references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds)]
         reference_times = []
         worker = Worker(home, "--chunk-concurrency", str(args.chunk_concurrency), **provider)
+        server = prefect_server()
         try:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             for n, reference in enumerate(references):
+                before = cpu_seconds(server)
                 ref = asyncio.run(reference_phase(reference))
+                server_ref = cpu_seconds(server) - before
                 request_id = create_csv_request(audience, content)
+                before = cpu_seconds(server)
                 asyncio.run(wait_processed(request_id, 600))
+                server_flow = cpu_seconds(server) - before
                 flow = asyncio.run(flow_phase(request_id))
                 reference_times.append(ref)
                 overhead = (flow - ref) / ref
@@ -158,7 +178,9 @@ def main() -> None:
                     f"round {n + 1}: {args.chunks} chunks of 5,000 - reference "
                     f"{ref / args.chunks * 1000:.0f} ms/chunk, flow path "
                     f"{flow / args.chunks * 1000:.0f} ms/chunk, overhead "
-                    f"{(flow - ref) / args.chunks * 1000:+.0f} ms/chunk ({overhead:+.1%})"
+                    f"{(flow - ref) / args.chunks * 1000:+.0f} ms/chunk ({overhead:+.1%}); Prefect "
+                    f"server CPU {server_ref / args.chunks * 1000:.0f} ms/chunk during the "
+                    f"reference, {server_flow / args.chunks * 1000:.0f} ms/chunk during the run"
                 )
         finally:
             worker.stop()
