@@ -6,8 +6,8 @@
   ``services.scheduling``) and ``deliver-chunks/default`` (the shares of a large
   request, its subflows, in the pool's ``chunks`` queue);
 * the automation :data:`ZOMBIE_AUTOMATION`: a delivery run whose flow-run heartbeats
-  stopped (its worker died) is marked Crashed with :data:`ZOMBIE_MESSAGE`, and any live
-  worker then takes it over (``deployments.upkeep``).
+  stopped (its worker died) is marked Crashed, named "Worker lost", with
+  :data:`ZOMBIE_MESSAGE`, and any live worker then takes it over (``deployments.upkeep``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ async def _ensure_pool(client: PrefectClient) -> None:
 
 
 def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> AutomationCore:
-    """Dead runs of the delivery deployments become Crashed (with :data:`ZOMBIE_MESSAGE`)."""
+    """Dead runs of the delivery deployments become Crashed, named "Worker lost" (with
+    :data:`ZOMBIE_MESSAGE`)."""
     return AutomationCore(
         name=ZOMBIE_AUTOMATION,
         description="A delivery run that neither moved nor sent a heartbeat for "
@@ -91,7 +92,13 @@ def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> Auto
             threshold=1,
             within=timedelta(seconds=within_seconds),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=ZOMBIE_MESSAGE)],
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                name=prefect_runs.DEAD_RUN_STATE_NAME,
+                message=ZOMBIE_MESSAGE,
+            )
+        ],
     )
 
 

@@ -5,7 +5,7 @@
 * stopping a run of this worker cancelled while running (the UI's Cancel: Cancelling);
 * taking over the runs of dead workers. Liveness is Prefect's: every run sends
   flow-run heartbeats, and the automation ``register.ZOMBIE_AUTOMATION`` marks a run
-  Crashed (message :data:`register.ZOMBIE_MESSAGE`) when they stop. A worker with a
+  Crashed, named ``prefect_runs.DEAD_RUN_STATE_NAME``, when they stop. A worker with a
   free slot claims such a run (Crashed -> Pending: accepted once, a second worker's
   claim is refused) and runs it; the flow skips what the dead worker recorded. If the
   taker dies too, its run stops heartbeating and is marked dead again. A run a cancel
@@ -25,7 +25,6 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from campaign_trigger.config import get_settings
-from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
 from campaign_trigger.services import (
     delivery_run,
     prefect_runs,
@@ -122,9 +121,10 @@ async def retake_dead_runs(workers: list[DeliveryWorker], client: PrefectClient)
     slots."""
     by_queue = {worker.queue: worker for worker in workers}
     taken = 0
-    for run in await prefect_runs.runs_in_states(client, states=[StateType.CRASHED]):
-        if run.state is None or run.state.message != ZOMBIE_MESSAGE:
-            continue  # crashed for another reason: the request failed, it stays so
+    dead = await prefect_runs.runs_in_states(
+        client, states=[StateType.CRASHED], names=[prefect_runs.DEAD_RUN_STATE_NAME]
+    )
+    for run in dead:  # (a run crashed for another reason failed: it is not asked for)
         worker = by_queue.get(run.work_queue_name or "default")
         if worker is None:
             continue

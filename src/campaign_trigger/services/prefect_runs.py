@@ -25,6 +25,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     FlowRunFilterNextScheduledStartTime,
     FlowRunFilterState,
+    FlowRunFilterStateName,
     FlowRunFilterStateType,
     WorkerFilter,
     WorkerFilterStatus,
@@ -47,6 +48,9 @@ PAGE_LIMIT = 200  # the server's largest page of flow runs
 CANCEL_CLAIM_MESSAGE = "campaign-trigger: claimed to cancel"
 # The dead-run automation's verdict (deployments/register.py): a worker takes such a run over.
 DEAD_RUN_MESSAGE = "Its worker stopped sending heartbeats: taken over by another worker"
+# ... and the name of that Crashed state: the sweep asks for these runs alone, not for
+# every run that ever crashed (a number that only grows).
+DEAD_RUN_STATE_NAME = "Worker lost"
 WORKER_CLAIM_PREFIX = "campaign-trigger worker "
 
 _deployment_ids: dict[str, UUID] = {}
@@ -263,9 +267,14 @@ async def due_runs(client: PrefectClient, *, before: datetime, limit: int) -> li
 
 
 async def runs_in_states(
-    client: PrefectClient, *, states: list[StateType], ids: list[UUID] | None = None
+    client: PrefectClient,
+    *,
+    states: list[StateType],
+    ids: list[UUID] | None = None,
+    names: list[str] | None = None,
 ) -> list[FlowRun]:
-    """Delivery runs (of requests and of their chunks) in ``states``."""
+    """Delivery runs (of requests and of their chunks) in ``states`` (and, given
+    ``names``, whose state has one of those names), the longest waiting first."""
     deployments = [
         await deployment_id(client),
         await deployment_id(client, CHUNKS_DEPLOYMENT_FULL_NAME),
@@ -273,9 +282,13 @@ async def runs_in_states(
     return await client.read_flow_runs(
         flow_run_filter=FlowRunFilter(
             deployment_id=FlowRunFilterDeploymentId(any_=deployments),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states)),
+            state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=states),
+                name=FlowRunFilterStateName(any_=names) if names else None,
+            ),
             id=FlowRunFilterId(any_=ids) if ids else None,
         ),
+        sort=FlowRunSort.EXPECTED_START_TIME_ASC,
         limit=PAGE_LIMIT,
     )
 

@@ -3,7 +3,7 @@
 A run whose worker died is marked Crashed by the dead-run automation; each worker's
 sweep claims it with Crashed -> Pending, which the Prefect server accepts once and
 refuses to the second claimant (Pending -> Pending). Here the automation's verdict is
-written directly (the same state and message) so that both sweeps race on it.
+written directly (the same state, name and message) so that both sweeps race on it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 from prefect import get_client
+from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed, Running
 
 from campaign_trigger.deployments import upkeep
@@ -48,7 +49,9 @@ async def _left_crashed_by_a_dead_worker(request_id: str, ghost: str) -> None:
         )
         assert claimed
         await client.set_flow_run_state(flow_run_id, Running(), force=True)
-        await client.set_flow_run_state(flow_run_id, Crashed(message=ZOMBIE_MESSAGE))
+        await client.set_flow_run_state(
+            flow_run_id, Crashed(message=ZOMBIE_MESSAGE, name=prefect_runs.DEAD_RUN_STATE_NAME)
+        )
 
 
 async def test_two_workers_taking_over_the_same_dead_run_run_it_once(
@@ -87,3 +90,38 @@ async def test_two_workers_taking_over_the_same_dead_run_run_it_once(
             assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{user}") == 1, trial
     print(f"taken over {taken_by}")
     assert sum(taken_by.values()) == TRIALS
+
+
+async def test_the_sweep_asks_for_runs_of_dead_workers_alone(
+    deployed: ManagedProcess, sandbox_url: str
+) -> None:
+    """A run crashed for another reason (its request failed) is neither read nor taken:
+    the sweep's question does not grow with the history of crashed runs."""
+    tenant = seed_tenant()
+    tag = uuid.uuid4().hex[:6]
+    users = [f"sweep-{tag}-{n}" for n in range(2)]
+    add_devices([DeviceSpec(tenant.android, f"d-{u}", u, f"tok-{u}") for u in users])
+    failed, dead = (add_request(tenant, [u], send_at=datetime.now(UTC)) for u in users)
+    await drain()
+    await _left_crashed_by_a_dead_worker(dead, ghost=f"ghost-{tag}")
+    failed_run = load_request(failed).flow_run_id
+    assert failed_run is not None
+    async with get_client() as client:
+        await prefect_runs.claim(client, failed_run, message="elsewhere")
+        await client.set_flow_run_state(failed_run, Running(), force=True)
+        await client.set_flow_run_state(failed_run, Crashed(message="Execution was interrupted"))
+        asked = await prefect_runs.runs_in_states(
+            client, states=[StateType.CRASHED], names=[prefect_runs.DEAD_RUN_STATE_NAME]
+        )
+        assert str(load_request(dead).flow_run_id) in {str(r.id) for r in asked}
+        assert failed_run not in {str(r.id) for r in asked}
+        async with DeliveryWorker(concurrency=4) as worker:
+            assert await upkeep.retake_dead_runs([worker], client) >= 1
+            run = await wait_for_state(dead, "COMPLETED", "FAILED", timeout=60)
+            assert state_name(run) == "COMPLETED", run.state
+    assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{users[1]}") == 1
+    assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{users[0]}") is None
+    async with get_client() as client:
+        still = await client.read_flow_run(failed_run)
+    assert still.state is not None
+    assert still.state.name == "Crashed"
