@@ -132,7 +132,9 @@ def worker(
     chunk_concurrency: Annotated[
         int, typer.Option(help="Shares of large requests (deliver-chunks runs) executed at once.")
     ] = 2,
-    poll_seconds: Annotated[float, typer.Option(help="Seconds between polls of the pool.")] = 0.5,
+    poll_seconds: Annotated[
+        float, typer.Option(help="Seconds between polls of the pool (its chunks queue: 4x).")
+    ] = 0.5,
     prefetch_seconds: Annotated[
         float, typer.Option(help="Claim runs due within this many seconds.")
     ] = 1.5,

@@ -52,6 +52,7 @@ from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployment
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
+CHUNKS_POLL_FACTOR = 4
 
 
 def new_worker_name() -> str:
@@ -249,7 +250,11 @@ async def run_worker(
     with temporary_settings(
         {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
     ):
-        serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
+        serving = [asyncio.create_task(workers[0].start(printer=logger.info))]
+        # The chunks queue holds the shares of large requests only: a slower poll there
+        # costs a share ~1 s on a request of many seconds, and the idle server less.
+        with temporary_settings({PREFECT_WORKER_QUERY_SECONDS: poll_seconds * CHUNKS_POLL_FACTOR}):
+            serving.append(asyncio.create_task(workers[1].start(printer=logger.info)))
         loops = asyncio.gather(
             upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
         )
