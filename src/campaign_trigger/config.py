@@ -54,7 +54,10 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_workers: int = Field(
-        default=1, ge=1, description="Processes of `campaign-trigger api` (and of `up`'s API)."
+        default=1,
+        ge=1,
+        description="Processes of `campaign-trigger api`; `up` runs this many when set, "
+        "else one per four cores (at least one).",
     )
     api_reconciler: bool = Field(
         default=True, description="Run the outbox reconciler inside the API process."

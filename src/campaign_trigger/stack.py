@@ -152,6 +152,16 @@ def prefect_env(settings: Settings) -> dict[str, str]:
     }
 
 
+def api_processes(settings: Settings, cpus: int | None) -> int:
+    """How many API processes ``up`` runs: ``CT_API_WORKERS`` when set, else one per
+    four cores. On one machine the Prefect server (~300 ms of CPU per one-message
+    request) and the delivery worker need the cores far more than the API (~25 ms per
+    create): a second API process on 2 cores made creates slower (docs/benchmarks.md)."""
+    if "api_workers" in settings.model_fields_set:
+        return settings.api_workers
+    return max(1, (cpus or 1) // 4)
+
+
 def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
     """The children to start, in order, and the environment they share."""
     exe = [sys.executable, "-m", "campaign_trigger.cli"]
@@ -194,7 +204,11 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
             [*exe, "sandbox"],
             f"http://{settings.sandbox_host}:{settings.sandbox_port}/sandbox/stats",
         ),
-        Child("API", [*exe, "api"], f"http://{settings.api_host}:{settings.api_port}/health"),
+        Child(
+            "API",
+            [*exe, "api", "--workers", str(api_processes(settings, os.cpu_count()))],
+            f"http://{settings.api_host}:{settings.api_port}/health",
+        ),
         Child("delivery worker", [*exe, "worker"], None),
         Child("deployment runner", [*exe, "runner"], None),
     ]
