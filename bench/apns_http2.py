@@ -49,6 +49,7 @@ import httpx
 import pycurl
 
 from campaign_trigger.delivery.sandbox_tls import client_context
+from harness import result
 from sandbox import free_port, h2load, wait_port
 
 TARGET_RATE = 20_000.0
@@ -399,17 +400,22 @@ def report(name: str, figures: dict[str, list[Figure]], ceiling: float, *, targe
     rate = statistics.median(f.rate for f in ours)
     ratio = statistics.median(f.rate / best for f, best in zip(ours, fastest, strict=True))
     if target:
-        met = rate >= TARGET_RATE and ratio >= TARGET_RATIO
         # CPU per message is steadier than wall rates on a shared machine
         leanest = min(statistics.median(f.cpu for f in figures[c]) for c in bare)
         ours_cpu = statistics.median(f.cpu for f in ours)
         print(
-            f"  figure {rate:,.0f} msgs/s, reference (fastest bare blast) "
-            f"{statistics.median(fastest):,.0f} msgs/s, ratio {ratio:.2f}; target "
-            f">= {TARGET_RATE:,.0f} msgs/s and >= {TARGET_RATIO}x: {'met' if met else 'NOT met'}"
-            f"\n  CPU per message {ours_cpu * 1e6:.0f} us (one core: at most "
+            f"  CPU per message {ours_cpu * 1e6:.0f} us (one core: at most "
             f"{1 / ours_cpu:,.0f} msgs/s), leanest bare blast {leanest * 1e6:.0f} us, "
             f"CPU ratio {leanest / ours_cpu:.2f}"
+        )
+        result(
+            "apns_http2",
+            "ApnsProvider.send_many (libcurl), one process, TLS h2 to a bare nginx",
+            figure=f"{rate:,.0f} msgs/s",
+            reference=f"{statistics.median(fastest):,.0f} msgs/s (each round's fastest bare blast)",
+            ratio=ratio,
+            target=f">= {TARGET_RATE:,.0f} msgs/s and >= {TARGET_RATIO}x the fastest bare blast",
+            met=rate >= TARGET_RATE and ratio >= TARGET_RATIO,
         )
 
 
