@@ -145,13 +145,23 @@ def postgres_database() -> Iterator[str]:
         )
 
 
+SHARED_STACK = "BENCH_SHARED_STACK"  # the home of a stack this environment already names
+PREFECT_PID = "BENCH_PREFECT_PID"  # the pid of the stack's Prefect server
+
+
 @contextmanager
 def private_stack(*, postgres: bool = False, **settings: str) -> Iterator[Path]:
     """A temporary home with a migrated database and a Prefect server; yields the home.
 
     With ``postgres``, the Prefect server and the service each get a PostgreSQL
-    database of their own (DESIGN §7's set-up), else SQLite files in the home.
+    database of their own (DESIGN §7's set-up), else SQLite files in the home. When
+    ``BENCH_SHARED_STACK`` names a running stack (``run_all.py`` in quick mode starts one
+    for the benchmarks that would each start the same), a plain request yields its home.
     """
+    shared = os.environ.get(SHARED_STACK)
+    if shared and not postgres and not settings:
+        yield Path(shared)
+        return
     home = Path(tempfile.mkdtemp(prefix="ct-bench-"))
     port = free_port()
     with ExitStack() as databases:
@@ -201,6 +211,7 @@ def _stack_in(home: Path, port: int, settings: dict[str, str]) -> Iterator[None]
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    os.environ[PREFECT_PID] = str(server.pid)
     try:
         from campaign_trigger.deployments.register import ensure_deployments
         from campaign_trigger.store.migrate import upgrade

@@ -1,7 +1,8 @@
 """Punctuality benchmark: how late after ``send_at`` does delivery start?
 
-Starts its own Prefect server (SQLite, a free port, a temporary home), the sandbox
-providers (a thread), and one ``campaign-trigger worker`` process; creates 50
+Starts a private stack (``harness.private_stack``: a Prefect server on SQLite, a
+temporary home; ``run_all.py``'s shared one in quick mode), the sandbox providers (a
+thread), and one ``campaign-trigger worker`` process; creates 50
 one-message requests scheduled ~20 s ahead (time to create their runs), staggered
 every 0.3 s, plus 10 send-now requests; then prints, per kind, the p50 / p95 / max lag
 and the earliest start, for
@@ -23,13 +24,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-from harness import free_port, result, wait_http
+from harness import free_port, private_stack, result, stop_process
 
 TARGET_SCHEDULED = 1.0  # DESIGN §6: scheduled p95 <= 1 s after send_at
 TARGET_NOW = 3.0  # send-now within 3 s
@@ -56,72 +55,38 @@ def main() -> None:
     parser.add_argument("--profile", help="write a cProfile of the worker to this file")
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="ct-punctuality-"))
-    prefect_port, sandbox_port = free_port(), free_port()
-    env = {
-        "PREFECT_HOME": str(home / "prefect"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-        "CT_HOME": str(home / "ct"),
-        "CT_SANDBOX_PORT": str(sandbox_port),
-        "CT_SECRET_KEY": uuid.uuid4().hex,
-    }
-    os.environ.update(env)
-    bin_dir = Path(sys.executable).parent
-    logs = (home / "server.log").open("wb"), (home / "worker.log").open("wb")
-    server = subprocess.Popen(
-        [
-            str(bin_dir / "prefect"),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(prefect_port),
-        ],
-        stdout=logs[0],
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    worker: subprocess.Popen[bytes] | None = None
-    try:
+    with private_stack() as home:
+        sandbox_port = free_port()
+        os.environ["CT_SANDBOX_PORT"] = str(sandbox_port)
         from campaign_trigger.config import get_settings
         from campaign_trigger.delivery.sandbox import running_sandbox
-        from campaign_trigger.deployments.register import ensure_deployments
-        from campaign_trigger.store.migrate import upgrade
 
-        upgrade(get_settings().database_url)
-        wait_http(f"http://127.0.0.1:{prefect_port}/api/health")
-        asyncio.run(ensure_deployments())
-        with running_sandbox(port=sandbox_port):
-            worker = subprocess.Popen(
-                [
-                    sys.executable,
-                    *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
-                    "-m",
-                    "campaign_trigger.cli",
-                    "worker",
-                    "--concurrency",
-                    "32",
-                ],
-                stdout=logs[1],
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            while b"ready: polling" not in (home / "worker.log").read_bytes():
-                assert worker.poll() is None, (home / "worker.log").read_text()
-                time.sleep(0.1)
-            asyncio.run(measure(args.scheduled, args.now, args.stagger))
-    finally:
-        for process in (worker, server):
-            if process is not None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+        get_settings.cache_clear()
+        log = home / f"punctuality-worker-{sandbox_port}.log"
+        worker: subprocess.Popen[bytes] | None = None
+        try:
+            with running_sandbox(port=sandbox_port):
+                worker = subprocess.Popen(
+                    [
+                        sys.executable,
+                        *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
+                        "-m",
+                        "campaign_trigger.cli",
+                        "worker",
+                        "--concurrency",
+                        "32",
+                    ],
+                    stdout=log.open("wb"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                while b"ready: polling" not in log.read_bytes():
+                    assert worker.poll() is None, log.read_text()
+                    time.sleep(0.1)
+                asyncio.run(measure(args.scheduled, args.now, args.stagger))
+        finally:
+            if worker is not None:
+                stop_process(worker)
 
 
 async def measure(scheduled: int, now: int, stagger: float) -> None:

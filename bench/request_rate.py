@@ -42,6 +42,7 @@ import httpx
 import psutil
 
 from harness import (
+    PREFECT_PID,
     Profile,
     free_port,
     knee_verdict,
@@ -57,15 +58,6 @@ from harness import (
 TARGET_RATE = 5.0
 TARGET_P95 = 3.0
 TARGET_RATIO = 1.5
-
-
-def _prefect_server() -> psutil.Process:
-    """The private stack's Prefect server (a child of this process)."""
-    for child in psutil.Process().children(recursive=True):
-        command = child.cmdline()
-        if "campaign_trigger.deployments.prefect_server" in command:
-            return child
-    raise RuntimeError("no Prefect server among this process's children")
 
 
 async def _send_at_rate(
@@ -193,7 +185,7 @@ def main() -> None:
             wait_http(f"{api}/health")
             wait_http(f"{sandbox}/sandbox/stats")
             time.sleep(5)  # the worker registers the deployment and starts polling
-            server = _prefect_server()
+            server = psutil.Process(int(os.environ[PREFECT_PID]))
             users = iter(audience.users)
             sustained = 0.0
             held: dict[float, bool] = {}

@@ -12,7 +12,7 @@ import pytest
 # (appended: nothing installed is shadowed).
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
-from harness import knee_verdict, result
+from harness import SHARED_STACK, knee_verdict, private_stack, result
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
 
@@ -118,3 +118,12 @@ def test_the_summary_lists_each_benchmark_with_its_results_or_their_absence() ->
     assert render_second.startswith("| | | | time |")
     assert "| FAILED (exit 1) | (no RESULT line) |" in sandbox
     assert total.endswith("| ≤ 300 s | met |")
+
+
+def test_a_plain_private_stack_is_the_shared_one_when_the_environment_names_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(SHARED_STACK, str(tmp_path))
+    with private_stack() as home:
+        assert home == tmp_path
+    assert tmp_path.exists()  # the stack's owner removes it, not its guests
