@@ -13,7 +13,7 @@ and the earliest start, for
 The flow sleeps until ``send_at`` if it starts early, so ``first send`` is never
 negative. Target (DESIGN §6): scheduled p95 <= 1 s, send-now <= 3 s.
 
-Usage: ``.venv/bin/python bench/punctuality.py [--scheduled 50] [--now 10]``.
+Usage: ``.venv/bin/python bench/punctuality.py [--scheduled 50] [--now 10] [--lead 8]``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--scheduled", type=int, default=50)
     parser.add_argument("--now", type=int, default=10)
     parser.add_argument("--stagger", type=float, default=0.3)
+    parser.add_argument(
+        "--lead", type=float, default=8.0, help="s before the first send_at, + 0.3 s per run"
+    )
     parser.add_argument("--profile", help="write a cProfile of the worker to this file")
     args = parser.parse_args()
 
@@ -83,13 +86,13 @@ def main() -> None:
                 while b"ready: polling" not in log.read_bytes():
                     assert worker.poll() is None, log.read_text()
                     time.sleep(0.1)
-                asyncio.run(measure(args.scheduled, args.now, args.stagger))
+                asyncio.run(measure(args.scheduled, args.now, args.stagger, args.lead))
         finally:
             if worker is not None:
                 stop_process(worker)
 
 
-async def measure(scheduled: int, now: int, stagger: float) -> None:
+async def measure(scheduled: int, now: int, stagger: float, lead: float) -> None:
     from prefect import get_client
     from sqlalchemy import insert, select
 
@@ -187,7 +190,7 @@ async def measure(scheduled: int, now: int, stagger: float) -> None:
             return await scheduling.drain_outbox(session=session)
 
     # A SQLite Prefect server creates ~5 runs/s: leave time to create them all first.
-    base = datetime.now(UTC) + timedelta(seconds=8 + 0.3 * scheduled)
+    base = datetime.now(UTC) + timedelta(seconds=lead + 0.3 * scheduled)
     kinds: dict[str, str] = {}
     for i in range(scheduled):
         kinds[add(i, base + timedelta(seconds=stagger * i))] = "scheduled"

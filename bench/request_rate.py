@@ -184,7 +184,11 @@ def main() -> None:
             api, sandbox = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{sandbox_port}"
             wait_http(f"{api}/health")
             wait_http(f"{sandbox}/sandbox/stats")
-            time.sleep(5)  # the worker registers the deployment and starts polling
+            # the worker has registered its deployments once it polls
+            while b"ready: polling" not in (home / "worker.log").read_bytes():
+                if processes[2].poll() is not None:
+                    raise RuntimeError((home / "worker.log").read_text()[-2000:])
+                time.sleep(0.1)
             server = psutil.Process(int(os.environ[PREFECT_PID]))
             users = iter(audience.users)
             sustained = 0.0

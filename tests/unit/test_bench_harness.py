@@ -99,23 +99,24 @@ def test_a_rate_target_is_met_by_a_rate_held_at_or_above_it_and_missed_below_it(
 def test_the_summary_lists_each_benchmark_with_its_results_or_their_absence() -> None:
     found = Result("render", "time", "0.05 s", "0.16 s (str.format)", "0.32", "<= 1x", "met")
     runs = [
-        Ran("render", ["200000"], load=0.8, seconds=4.2, status=0, results=[found, found]),
-        Ran("sandbox", [], load=0.9, seconds=0.3, status=1),
+        Ran("render", ["200000"], 0.8, seconds=4.2, cpu=3.9, results=[found, found]),
+        Ran("sandbox", [], 0.9, seconds=0.3, cpu=0.2, status=1),
     ]
     text = summary_text(runs, "quick", 4.5).splitlines()
-    assert text[1].split() == ["render", "4", "s", "ok", "(load", "average", "0.8", "at", "start)"]
+    assert text[1].split()[:6] == ["render", "4", "s", "CPU", "4", "s"]
+    assert text[1].split()[6:] == ["ok", "(load", "average", "0.8", "at", "start)"]
     assert (
         text[2].strip()
         == "time: 0.05 s | reference 0.16 s (str.format) | ratio 0.32 | target <= 1x | met"
     )
-    assert text[4].split()[:5] == ["sandbox", "0", "s", "FAILED", "(exit"]
+    assert text[4].split()[:8] == ["sandbox", "0", "s", "CPU", "0", "s", "FAILED", "(exit"]
     assert text[5].strip() == "(no RESULT line)"
     table = summary_markdown(runs, "quick", 4.5).splitlines()
     rows = [row for row in table if row.startswith("| ")]
     header, render_first, render_second, sandbox, total = rows
     assert header.count("|") == render_first.count("|") == sandbox.count("|") == total.count("|")
-    assert render_first.startswith("| `render` (load 0.8) | 4 | ok | time | 0.05 s |")
-    assert render_second.startswith("| | | | time |")
+    assert render_first.startswith("| `render` (load 0.8) | 4 | 4 | ok | time | 0.05 s |")
+    assert render_second.startswith("| | | | | time |")
     assert "| FAILED (exit 1) | (no RESULT line) |" in sandbox
     assert total.endswith("| ≤ 300 s | met |")
 
