@@ -30,9 +30,10 @@ check: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
-# Every benchmark of bench/ in quick mode; FULL=1 for the full sizes (the 1 M rows).
+# Every benchmark of bench/ in quick mode; FULL=1 for the full sizes (the 1 M rows);
+# MARKDOWN=FILE also writes the summary as a markdown table.
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py $(if $(FULL),--full,)
+	$(BIN)/python bench/run_all.py $(if $(FULL),--full,) $(if $(MARKDOWN),--markdown $(MARKDOWN),)
 
 # The Prefect UI screenshots of docs/prefect-ui.md (a browser test; needs Debian's chromium).
 screenshots: $(STAMP)

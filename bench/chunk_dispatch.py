@@ -89,7 +89,7 @@ from typing import Any
 
 import psutil
 
-from harness import free_port, wait_http
+from harness import free_port, result, wait_http
 
 SCRIPT = Path(__file__).resolve()
 BIN = Path(sys.executable).parent
@@ -106,6 +106,7 @@ CHUNK_LOG = "BENCH_CHUNK_LOG"
 STORAGE_BLOCK = "local-file-system/bench-chunk-storage"
 CHUNK_DEPLOYMENT = "deliver-chunk/default"
 TARGET_MS = 15.0  # 5 % of a 300 ms chunk
+VERDICT_CHUNKS = 40  # fewer chunks: the request's fixed costs weigh on each
 SUBMITS: dict[str, dict[int, float]] = {}  # request -> chunk -> submit time (driver)
 RECOVERY: dict[str, Any] = {}  # what a request flow saw while recovering (kill tests)
 MARKS: dict[str, dict[str, float]] = {}  # request -> flow body begin / all submitted / done
@@ -1204,7 +1205,7 @@ def fix_driver_pid(pids: dict[str, int]) -> dict[str, int]:
     return {k: (os.getpid() if k == "driver" else v) for k, v in pids.items()}
 
 
-def summarize(results: list[dict[str, Any]], chunks: int) -> None:
+def summarize(results: list[dict[str, Any]], chunks: int, chunk_ms: int) -> None:
     print("\n== medians per backend and candidate (per chunk; CPU in ms per chunk) ==")
     header = (
         f"{'backend':8} {'candidate':9} {'P':>2} {'wall s':>7} {'ovh ms':>7} "
@@ -1244,6 +1245,23 @@ def summarize(results: list[dict[str, Any]], chunks: int) -> None:
             f"{med([len(r['retries']) for r in rows]):4.0f}  "
             f"{' '.join(spread)}"
         )
+    for (backend, candidate), rows in groups.items():
+        overhead = statistics.median(r["overhead_ms"] for r in rows)
+        wall, ideal = statistics.median(r["wall"] for r in rows), rows[0]["ideal"]
+        decided = chunks >= VERDICT_CHUNKS
+        result(
+            "chunk_dispatch",
+            f"{candidate} on {backend}, {chunks} chunks of {chunk_ms} ms, "
+            f"orchestration overhead per chunk, median of {len(rows)}",
+            figure=f"{overhead:.0f} ms per chunk (wall {wall:.2f} s)",
+            reference=(
+                f"{ideal:.2f} s (chunks x chunk time / parallelism {rows[0]['parallelism']})"
+            ),
+            ratio=wall / ideal,
+            target=f"overhead <= {TARGET_MS:.0f} ms per chunk",
+            met=overhead <= TARGET_MS if decided else None,
+            why="" if decided else f"quick size: judged on {VERDICT_CHUNKS} chunks",
+        )
     refs = [r["reference"] for r in results if r.get("reference")]
     for r in results:
         if r.get("reference"):
@@ -1278,7 +1296,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                     f"load {load[0]:.2f}",
                     flush=True,
                 )
-    summarize(results, args.chunks)
+    summarize(results, args.chunks, args.chunk_ms)
     return results
 
 

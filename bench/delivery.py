@@ -33,6 +33,10 @@ import h2.connection
 import h2.events
 import h2.settings
 
+from harness import result
+
+TARGET_RATE = 10_000.0
+TARGET_RATIO = 0.7
 FCM_ANSWER = (
     b'{"name": "projects/bench/messages/0:1", "access_token": "ya29.bench", "expires_in": 3599}'
 )
@@ -236,10 +240,12 @@ def main() -> None:
         f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
     )
     bare = figures[names[0]]
+    ratios: dict[str, float] = {}
     for name in names:
         runs = figures[name]
         rate = statistics.median(f.rate for f in runs)
         ratio = statistics.median(f.rate / b.rate for f, b in zip(runs, bare, strict=True))
+        ratios[name] = ratio
         cpu = statistics.median(f.cpu_per_message for f in runs)
         cpu_ratio = statistics.median(b.cpu_per_message for b in bare) / cpu
         print(
@@ -247,6 +253,16 @@ def main() -> None:
             f"client CPU {cpu * 1e6:5.0f} us/msg, ratio {cpu_ratio:.2f} | "
             f"rounds {', '.join(f'{f.rate:,.0f}' for f in runs)}"
         )
+    fcm = statistics.median(f.rate for f in figures[names[1]])
+    result(
+        "delivery",
+        "FcmProvider.send_many, one process",
+        figure=f"{fcm:,.0f} msgs/s",
+        reference=f"{statistics.median(f.rate for f in bare):,.0f} msgs/s (bare aiohttp blast)",
+        ratio=ratios[names[1]],
+        target=f">= {TARGET_RATE:,.0f} msgs/s and >= {TARGET_RATIO}x the bare blast",
+        met=fcm >= TARGET_RATE and ratios[names[1]] >= TARGET_RATIO,
+    )
 
 
 if __name__ == "__main__":

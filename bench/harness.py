@@ -9,6 +9,9 @@
 * :func:`seed_audience`, :func:`create_csv_request`: users with one Android device each,
   and a CSV request of them through the service the API calls.
 * :class:`Worker`: a ``campaign-trigger worker`` process whose RSS is sampled.
+* :func:`result`: the one ``RESULT | ...`` line every benchmark prints per target it
+  measures (figure, same-run reference, ratio, target, verdict); ``run_all.py`` collects
+  them into its summary.
 """
 
 from __future__ import annotations
@@ -36,6 +39,65 @@ import psutil
 BIN = Path(sys.executable).parent
 FCM_SUCCESS = '{"name": "projects/bench/messages/0:1"}'
 TOKEN_ANSWER = '{"access_token": "ya29.bench", "expires_in": 3599, "token_type": "Bearer"}'
+
+
+RESULT_PREFIX = "RESULT"
+SEPARATOR = " | "
+
+
+def result(
+    benchmark: str,
+    measure: str,
+    *,
+    figure: str,
+    reference: str,
+    ratio: float | None,
+    target: str,
+    met: bool | None,
+    why: str = "",
+) -> str:
+    """Print (and return) the benchmark's line for one target, in the shared format::
+
+        RESULT | <benchmark>: <measure> | figure <figure> | reference <reference>
+        | ratio <ratio> | target <target> | met|NOT met|no verdict (<why>)
+
+    ``figure`` and ``reference`` carry their units (the reference says what it is);
+    ``ratio`` is figure / reference (``None``: not a ratio of like quantities);
+    ``met`` is the verdict computed from the figures, ``None`` when this run cannot
+    decide it (``why`` then says why, e.g. a quick size); ``why`` may qualify any verdict.
+    """
+    verdict = "no verdict" if met is None else "met" if met else "NOT met"
+    if why:
+        verdict += f" ({why})"
+    elif met is None:
+        raise ValueError("no verdict needs a reason")
+    fields = [
+        RESULT_PREFIX,
+        f"{benchmark}: {measure}",
+        f"figure {figure}",
+        f"reference {reference}",
+        f"ratio {'n/a' if ratio is None else f'{ratio:.2f}'}",
+        f"target {target}",
+        verdict,
+    ]
+    if any("|" in field for field in fields):
+        raise ValueError(f"'|' separates the fields of a RESULT line: {fields}")
+    line = SEPARATOR.join(fields)
+    print(line, flush=True)
+    return line
+
+
+def knee_verdict(held: dict[float, bool], target: float) -> bool | None:
+    """Whether a rate of at least ``target`` holds, from the rates tried (rate -> held).
+
+    Met when a rate >= target held; not met when a rate <= target did not hold (a
+    higher one would not either); undecided when every rate tried below it held.
+    """
+    if any(ok for rate, ok in held.items() if rate >= target):
+        return True
+    if any(not ok for rate, ok in held.items() if rate <= target):
+        return False
+    return None
 
 
 def free_port() -> int:
@@ -83,13 +145,23 @@ def postgres_database() -> Iterator[str]:
         )
 
 
+SHARED_STACK = "BENCH_SHARED_STACK"  # the home of a stack this environment already names
+PREFECT_PID = "BENCH_PREFECT_PID"  # the pid of the stack's Prefect server
+
+
 @contextmanager
 def private_stack(*, postgres: bool = False, **settings: str) -> Iterator[Path]:
     """A temporary home with a migrated database and a Prefect server; yields the home.
 
     With ``postgres``, the Prefect server and the service each get a PostgreSQL
-    database of their own (DESIGN §7's set-up), else SQLite files in the home.
+    database of their own (DESIGN §7's set-up), else SQLite files in the home. When
+    ``BENCH_SHARED_STACK`` names a running stack (``run_all.py`` in quick mode starts one
+    for the benchmarks that would each start the same), a plain request yields its home.
     """
+    shared = os.environ.get(SHARED_STACK)
+    if shared and not postgres and not settings:
+        yield Path(shared)
+        return
     home = Path(tempfile.mkdtemp(prefix="ct-bench-"))
     port = free_port()
     with ExitStack() as databases:
@@ -139,6 +211,7 @@ def _stack_in(home: Path, port: int, settings: dict[str, str]) -> Iterator[None]
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    os.environ[PREFECT_PID] = str(server.pid)
     try:
         from campaign_trigger.deployments.register import ensure_deployments
         from campaign_trigger.store.migrate import upgrade

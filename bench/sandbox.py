@@ -40,6 +40,8 @@ from pathlib import Path
 import httpx
 import jwt
 
+from harness import result
+
 TARGETS = {"fcm": 20_000.0, "apns": 10_000.0, "apns-tls": 10_000.0}
 FCM_BODY = (
     b'{"message":{"token":"bench-device","notification":{"title":"Hi","body":"Your order'
@@ -263,10 +265,14 @@ def run(
     print(f"\n{n:,} requests per run, {rounds} rounds, medians:")
     for kind, runs in figures.items():
         mine, reference = statistics.median(runs["sandbox"]), statistics.median(runs["nginx"])
-        verdict = "meets" if mine >= TARGETS[kind] else "MISSES"
-        print(
-            f"  {kind:<9} sandbox {mine:>9,.0f} req/s  nginx {reference:>9,.0f} req/s  "
-            f"ratio {mine / reference:.2f}  target {TARGETS[kind]:,.0f}/s: {verdict}"
+        result(
+            "sandbox",
+            f"{kind}, one sandbox process under h2load",
+            figure=f"{mine:,.0f} req/s",
+            reference=f"{reference:,.0f} req/s (bare nginx, same load)",
+            ratio=mine / reference,
+            target=f">= {TARGETS[kind]:,.0f} req/s",
+            met=mine >= TARGETS[kind],
         )
     print(
         f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "

@@ -1,13 +1,14 @@
 """A 100 k-recipient request through the whole stack: the sandbox vs a bare nginx.
 
-The same stack twice per round, only the FCM provider differs: a Prefect server (SQLite),
-the API (``campaign-trigger api``), a delivery worker (``campaign-trigger worker``) and
-either ``campaign-trigger sandbox`` (one process: checks the OAuth assertion and every
-bearer, validates each message, applies the token rules, records each delivery) or a bare
-nginx from Debian (one worker: a fixed access token and FCM's success body, no checks).
-One Android device per user; the measure is upload → report: from the CSV upload
-(``POST /api/campaigns/trigger``) to the report's links answering, and every report row
-is checked to be a success.
+The same stack twice per round, only the FCM provider differs: a Prefect server (SQLite,
+``harness.private_stack``; ``run_all.py``'s shared one in quick mode), the API
+(``campaign-trigger api``), a delivery worker (``campaign-trigger worker``) and either
+``campaign-trigger sandbox`` (one process: checks the OAuth assertion and every bearer,
+validates each message, applies the token rules, records each delivery) or a bare nginx
+from Debian (one worker: a fixed access token and FCM's success body, no checks). One
+Android device per user; the measure is upload → report: from the CSV upload (``POST
+/api/campaigns/trigger``) to the report's links answering, and every report row is checked
+to be a success.
 
 Target (issue 13): the sandbox's time within 1.25x of nginx's.
 Needs ``apt-get install nginx-light``.
@@ -17,7 +18,6 @@ Usage: ``.venv/bin/python bench/sandbox_end_to_end.py [--users 100000] [--rounds
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import io
 import os
@@ -27,7 +27,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import closing
@@ -36,6 +35,11 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from harness import private_stack, result
+
+TARGET_RATIO = 1.25
+TARGET_USERS = 100_000
 
 NGINX_CONF = """
 worker_processes 1;
@@ -210,37 +214,26 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
         sys.exit("nginx is missing: apt-get install nginx-light")
-    work = Path(tempfile.mkdtemp(prefix="ct-bench-e2e-"))
-    ports = {k: free_port() for k in ("prefect", "api", "sandbox", "sandbox_tls", "nginx")}
+    ports = {k: free_port() for k in ("api", "sandbox", "sandbox_tls", "nginx")}
     env = {
-        "PREFECT_HOME": str(work / "prefect"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{work / 'prefect.db'}",
-        "CT_HOME": str(work / "ct"),
-        "CT_SECRET_KEY": uuid.uuid4().hex,
         "CT_API_PORT": str(ports["api"]),
         "CT_SANDBOX_PORT": str(ports["sandbox"]),
         "CT_SANDBOX_TLS_PORT": str(ports["sandbox_tls"]),
         "CT_API_RECONCILER": "true",
     }
-    os.environ.update(env)
-    children = Children(work, env)
+    with private_stack() as home:
+        os.environ.update(env)
+        from campaign_trigger.config import get_settings
+
+        get_settings.cache_clear()
+        work = home / f"e2e-{ports['api']}"
+        work.mkdir()
+        run(args, work, ports, Children(work, env))
+
+
+def run(args: argparse.Namespace, work: Path, ports: dict[str, int], children: Children) -> None:
     exe = [sys.executable, "-m", "campaign_trigger.cli"]
     try:
-        from campaign_trigger.config import get_settings
-        from campaign_trigger.deployments.register import ensure_deployments
-        from campaign_trigger.store.migrate import upgrade
-
-        upgrade(get_settings().database_url)
-        prefect = str(Path(sys.executable).with_name("prefect"))
-        children.start(
-            "prefect",
-            [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(ports["prefect"])],
-        )
-        wait_http(f"http://127.0.0.1:{ports['prefect']}/api/health")
-        asyncio.run(ensure_deployments())
         children.start("api", [*exe, "api"])
         api = f"http://127.0.0.1:{ports['api']}"
         wait_http(f"{api}/health")
@@ -292,12 +285,20 @@ def main() -> None:
                 children.stop("worker")
                 (work / "worker.log").unlink()
         mine, reference = statistics.median(times["sandbox"]), statistics.median(times["nginx"])
-        verdict = "meets" if mine <= 1.25 * reference else "MISSES"
         print(
-            f"\n{args.users:,} recipients, {args.rounds} rounds, medians: sandbox {mine:.1f} s, "
-            f"bare nginx {reference:.1f} s, ratio {mine / reference:.2f} "
-            f"(target <= 1.25: {verdict}); load average {os.getloadavg()[0]:.1f} on "
-            f"{os.cpu_count()} CPUs (the machine may be shared)"
+            f"\n{args.users:,} recipients, {args.rounds} rounds; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (the machine may be shared)"
+        )
+        decided = args.users >= TARGET_USERS
+        result(
+            "sandbox_end_to_end",
+            f"{args.users:,} recipients upload -> report with the sandbox, median of {args.rounds}",
+            figure=f"{mine:.1f} s",
+            reference=f"{reference:.1f} s (bare nginx answering FCM, same stack)",
+            ratio=mine / reference,
+            target=f"<= {TARGET_RATIO}x nginx's time at {TARGET_USERS:,} recipients",
+            met=mine <= TARGET_RATIO * reference if decided else None,
+            why="" if decided else f"quick size: judged at {TARGET_USERS:,} recipients",
         )
     finally:
         children.stop_all()

@@ -24,11 +24,13 @@ from harness import (
     csv_bytes,
     nginx_responder,
     private_stack,
+    result,
     seed_audience,
     wait_processed,
 )
 
 TARGET = 1.3
+VERDICT_SIZE = 1_000_000  # issue 9: flat from 100 k to 1 M recipients
 
 
 def main() -> None:
@@ -57,9 +59,16 @@ def main() -> None:
             )
     smallest, largest = sizes[0], sizes[-1]
     ratio = peaks[largest] / peaks[smallest]
-    print(
-        f"peak RSS at {largest:,} / at {smallest:,} (reference): {ratio:.2f}x "
-        f"(target <= {TARGET}x: {'met' if ratio <= TARGET else 'NOT met'})"
+    decided = largest >= VERDICT_SIZE
+    result(
+        "worker_memory",
+        f"worker peak RSS, {largest:,} recipients",
+        figure=f"{peaks[largest] / 2**20:.0f} MB",
+        reference=f"{peaks[smallest] / 2**20:.0f} MB (the same at {smallest:,} recipients)",
+        ratio=ratio,
+        target=f"<= {TARGET}x from 100,000 to {VERDICT_SIZE:,} recipients",
+        met=ratio <= TARGET if decided else None,
+        why="" if decided else f"quick size: judged at {VERDICT_SIZE:,} recipients",
     )
 
 

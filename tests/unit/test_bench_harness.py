@@ -1,0 +1,130 @@
+"""``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
+(``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# The benchmarks import their harness as a top-level module, from bench/ itself
+# (appended: nothing installed is shadowed).
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
+
+from harness import SHARED_STACK, knee_verdict, private_stack, result
+from run_all import Ran, Result, parse_result, summary_markdown, summary_text
+
+
+def test_a_result_line_carries_figure_reference_ratio_target_and_verdict(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    line = result(
+        "delivery",
+        "FcmProvider.send_many, one process",
+        figure="34,178 msgs/s",
+        reference="12,958 msgs/s (bare aiohttp blast)",
+        ratio=2.6375,
+        target=">= 10,000 msgs/s and >= 0.7x the bare blast",
+        met=True,
+    )
+    assert line == (
+        "RESULT | delivery: FcmProvider.send_many, one process | figure 34,178 msgs/s"
+        " | reference 12,958 msgs/s (bare aiohttp blast) | ratio 2.64"
+        " | target >= 10,000 msgs/s and >= 0.7x the bare blast | met"
+    )
+    assert capsys.readouterr().out == line + "\n"
+
+
+def test_the_verdict_is_met_not_met_or_no_verdict_with_its_reason() -> None:
+    common = {"figure": "1 s", "reference": "2 s (bare)", "target": "<= 1x"}
+    assert result("b", "m", ratio=0.5, met=False, **common).endswith(" | NOT met")
+    undecided = result("b", "m", ratio=None, met=None, why="quick size", **common)
+    assert undecided.endswith(" | ratio n/a | target <= 1x | no verdict (quick size)")
+    qualified = result("b", "m", ratio=0.5, met=True, why="under load", **common)
+    assert qualified.endswith(" | met (under load)")
+
+
+def test_a_result_refuses_an_undecided_verdict_without_reason_and_a_separator() -> None:
+    with pytest.raises(ValueError, match="reason"):
+        result("b", "m", figure="1", reference="2", ratio=None, target="t", met=None)
+    with pytest.raises(ValueError, match="separates"):
+        result("b", "m | x", figure="1", reference="2", ratio=None, target="t", met=True)
+
+
+def test_run_all_reads_back_every_field_of_a_result_line() -> None:
+    line = result(
+        "device_import",
+        "SQLite, 200,000 devices, new devices",
+        figure="2.36 s",
+        reference="0.85 s (bare executemany of the same rows)",
+        ratio=2.78,
+        target="<= 15 s for 1 M devices",
+        met=None,
+        why="quick size: judged at 1 M devices",
+    )
+    assert parse_result(line + "\n") == Result(
+        benchmark="device_import",
+        measure="SQLite, 200,000 devices, new devices",
+        figure="2.36 s",
+        reference="0.85 s (bare executemany of the same rows)",
+        ratio="2.78",
+        target="<= 15 s for 1 M devices",
+        verdict="no verdict (quick size: judged at 1 M devices)",
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "round 1 sandbox  upload → report    3.6 s",
+        "RESULT | render: time | figure 1 s | reference 2 s | ratio 0.50 | target <= 1x",
+        "RESULT | render time | figure 1 s | reference 2 s | ratio 0.50 | target t | met",
+        "RESULT | render: time | figure 1 s | ref 2 s | ratio 0.50 | target t | met",
+        "  RESULT | render: time | figure 1 s | reference 2 s | ratio 0.50 | target t | met",
+    ],
+)
+def test_other_lines_are_not_results(line: str) -> None:
+    assert parse_result(line) is None
+
+
+def test_a_rate_target_is_met_by_a_rate_held_at_or_above_it_and_missed_below_it() -> None:
+    assert knee_verdict({10.0: True, 100.0: True}, 100.0) is True
+    assert knee_verdict({10.0: True, 25.0: False}, 100.0) is False
+    assert knee_verdict({3.0: False}, 5.0) is False
+    assert knee_verdict({10.0: True, 25.0: True}, 100.0) is None
+    assert knee_verdict({150.0: False}, 100.0) is None
+
+
+def test_the_summary_lists_each_benchmark_with_its_results_or_their_absence() -> None:
+    found = Result("render", "time", "0.05 s", "0.16 s (str.format)", "0.32", "<= 1x", "met")
+    runs = [
+        Ran("render", ["200000"], 0.8, seconds=4.2, cpu=3.9, results=[found, found]),
+        Ran("sandbox", [], 0.9, seconds=0.3, cpu=0.2, status=1),
+    ]
+    text = summary_text(runs, "quick", 4.5).splitlines()
+    assert text[1].split()[:6] == ["render", "4", "s", "CPU", "4", "s"]
+    assert text[1].split()[6:] == ["ok", "(load", "average", "0.8", "at", "start)"]
+    assert (
+        text[2].strip()
+        == "time: 0.05 s | reference 0.16 s (str.format) | ratio 0.32 | target <= 1x | met"
+    )
+    assert text[4].split()[:8] == ["sandbox", "0", "s", "CPU", "0", "s", "FAILED", "(exit"]
+    assert text[5].strip() == "(no RESULT line)"
+    table = summary_markdown(runs, "quick", 4.5).splitlines()
+    rows = [row for row in table if row.startswith("| ")]
+    header, render_first, render_second, sandbox, total = rows
+    assert header.count("|") == render_first.count("|") == sandbox.count("|") == total.count("|")
+    assert render_first.startswith("| `render` (load 0.8) | 4 | 4 | ok | time | 0.05 s |")
+    assert render_second.startswith("| | | | | time |")
+    assert "| FAILED (exit 1) | (no RESULT line) |" in sandbox
+    assert total.endswith("| ≤ 300 s | met |")
+
+
+def test_a_plain_private_stack_is_the_shared_one_when_the_environment_names_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(SHARED_STACK, str(tmp_path))
+    with private_stack() as home:
+        assert home == tmp_path
+    assert tmp_path.exists()  # the stack's owner removes it, not its guests
