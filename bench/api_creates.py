@@ -15,10 +15,12 @@ pydantic models of the specification's shape and answers a request id — the fl
 Python API of this shape pays. Printed: our CPU per create against its CPU per call.
 
 ``--profile DIR`` samples the API processes with py-spy (``pip install py-spy``) during
-the rate ``--profile-rate``.
+the rate ``--profile-rate``. ``--postgres`` puts the service database (not the Prefect
+server's) in a throwaway database on the local PostgreSQL server, to tell what SQLite's
+single writer costs from the rest.
 
 Usage: ``.venv/bin/python bench/api_creates.py [--rates 25 50 100] [--seconds 20]
-[--workers 2]``.
+[--workers 2] [--postgres]``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,12 +42,14 @@ import httpx
 import psutil
 
 from harness import (
+    POSTGRES,
     Audience,
     Profile,
     free_port,
     knee_verdict,
     member_token,
     percentile,
+    postgres_database,
     private_stack,
     result,
     seed_audience,
@@ -294,9 +299,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="API processes")
     parser.add_argument("--profile", type=Path, help="py-spy the API into this folder")
     parser.add_argument("--profile-rate", type=float, default=50.0)
+    parser.add_argument(
+        "--postgres", action="store_true", help="the service database on the local PostgreSQL"
+    )
     args = parser.parse_args()
     cli = [sys.executable, "-m", "campaign_trigger.cli"]
-    with private_stack() as home:
+    with ExitStack() as stack:
+        settings: dict[str, str] = {}
+        if args.postgres:
+            settings["CT_DATABASE_URL"] = f"{POSTGRES}/{stack.enter_context(postgres_database())}"
+        home = stack.enter_context(private_stack(**settings))
+        print(f"service database: {'PostgreSQL' if args.postgres else 'SQLite'}", flush=True)
         os.environ.update(
             {"CT_SANDBOX_PORT": str(free_port()), "CT_SANDBOX_TLS_PORT": str(free_port())}
         )

@@ -5,6 +5,9 @@ scheduled list, and report availability. The flow run's state is the request's s
 wins and the mirror is corrected. A request still in the outbox (no flow run yet)
 is Scheduled by definition and is cancelled in the database alone, atomically, so
 the drainer never creates its run (see ``scheduling``).
+
+Each read ends its transaction before Prefect is asked: no pooled connection (nor, on
+PostgreSQL, an open transaction) is held while a call waits for the Prefect server.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ OPEN = (RequestState.scheduled, RequestState.running)
 
 def _load_request(session: Session, *, org_id: int, request_id: str) -> Request:
     request = lookup.org_request(session=session, org_id=org_id, request_id=request_id)
+    session.commit()
     if request is None:
         raise RequestNotFound(request_id)
     return request
@@ -40,6 +44,7 @@ def _load_request(session: Session, *, org_id: int, request_id: str) -> Request:
 
 def _reloaded(session: Session, request: Request) -> Request:
     session.refresh(request)
+    session.commit()
     return request
 
 
@@ -104,7 +109,7 @@ def _campaign_requests(session: Session, *, org_id: int, campaign_id: str) -> li
     """The campaign's requests the mirror still calls scheduled or running."""
     if lookup.org_campaign(session=session, org_id=org_id, campaign_id=campaign_id) is None:
         raise CampaignNotFound(f"Campaign with identifier {campaign_id} was not found")
-    return list(
+    requests = list(
         session.exec(
             select(Request)
             .where(Request.campaign_id == campaign_id)
@@ -113,6 +118,8 @@ def _campaign_requests(session: Session, *, org_id: int, campaign_id: str) -> li
             .order_by(col(Request.send_at), col(Request.requested_at))
         ).all()
     )
+    session.commit()
+    return requests
 
 
 Corrections = dict[str, tuple[RequestState, RequestState]]  # request -> (seen, wanted)
@@ -180,6 +187,7 @@ def _request_and_channel(
 ) -> tuple[Request, Channel]:
     request = _load_request(session, org_id=org_id, request_id=request_id)
     campaign = session.get(Campaign, request.campaign_id)
+    session.commit()
     return request, campaign.channel if campaign is not None else Channel.push
 
 

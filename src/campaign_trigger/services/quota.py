@@ -1,9 +1,9 @@
 """The API-trigger request quota: one unit per create, cancel, list or report call.
 
-Counting is atomic under concurrency on SQLite and PostgreSQL: the period's row is
-created with an insert that ignores conflicts, then one conditional
-``UPDATE ... SET used = used + 1 WHERE used < quota RETURNING used`` takes a unit or
-takes nothing.
+Counting is atomic under concurrency on SQLite and PostgreSQL: one statement takes a
+unit or takes nothing, an upsert of the period's row: ``INSERT ... SELECT ..., 1 WHERE
+quota >= 1 ON CONFLICT DO UPDATE SET used = used + 1 WHERE used < quota RETURNING
+used`` (the quota read in the statement itself).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col
 
@@ -45,13 +45,28 @@ def period_bounds(period_kind: str, now: datetime) -> tuple[str, datetime]:
     return now.strftime("%Y-%m"), end
 
 
-def _insert_period_row(session: Session, *, org_id: int, period: str) -> None:
-    dialect = session.get_bind().dialect.name
-    values = {"org_id": org_id, "period": period, "used": 0}
-    if dialect == "postgresql":
-        session.execute(postgresql.insert(QuotaUsage).values(**values).on_conflict_do_nothing())
-    else:
-        session.execute(sqlite.insert(QuotaUsage).values(**values).on_conflict_do_nothing())
+def _take_unit(session: Session, *, org_id: int, period: str) -> int | None:
+    """One unit of the period taken (the units used now), or None when none is left."""
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    quota = (
+        select(col(Organisation.request_quota))
+        .where(col(Organisation.id) == org_id)
+        .scalar_subquery()
+    )
+    first = select(literal(org_id), literal(period), literal(1)).where(quota >= 1)
+    table = QuotaUsage.__table__  # type: ignore[attr-defined]
+    statement = (
+        dialect.insert(QuotaUsage)
+        .from_select(["org_id", "period", "used"], first)
+        .on_conflict_do_update(
+            index_elements=[table.c.org_id, table.c.period],
+            set_={"used": table.c.used + 1},
+            where=table.c.used < quota,
+        )
+        .returning(table.c.used)
+    )
+    used: int | None = session.execute(statement).scalar_one_or_none()
+    return used
 
 
 def consume(*, session: Session, org_id: int, now: datetime | None = None) -> QuotaState:
@@ -64,22 +79,7 @@ def consume(*, session: Session, org_id: int, now: datetime | None = None) -> Qu
     if org is None:  # an account always has an organisation; be safe anyway
         raise QuotaExceeded(QUOTA_SPENT, retry_after_seconds=3600)
     period, end = period_bounds(org.quota_period, moment)
-    _insert_period_row(session, org_id=org_id, period=period)
-    quota = (
-        select(col(Organisation.request_quota))
-        .where(col(Organisation.id) == org_id)
-        .scalar_subquery()
-    )
-    used = session.execute(
-        update(QuotaUsage)
-        .where(
-            col(QuotaUsage.org_id) == org_id,
-            col(QuotaUsage.period) == period,
-            col(QuotaUsage.used) < quota,
-        )
-        .values(used=col(QuotaUsage.used) + 1)
-        .returning(col(QuotaUsage.used))
-    ).scalar_one_or_none()
+    used = _take_unit(session, org_id=org_id, period=period)
     if used is None:
         state = QuotaState(limit=org.request_quota, remaining=0, period_end=end)
         raise QuotaExceeded(QUOTA_SPENT, retry_after_seconds=state.seconds_left(moment))

@@ -24,15 +24,17 @@ def request_bodies(
     json_ids = [r.id for r in requests if r.source == MessageSource.json]
     messages: dict[str, list[dict[str, Any]]] = {rid: [] for rid in json_ids}
     if json_ids:
-        rows = session.exec(
+        # Columns through Core, not the ORM's loading (a page holds up to 100 x 1,000
+        # messages; the ORM's row handling was half of a list's CPU).
+        rows = session.connection().execute(
             select(
-                RequestMessage.request_id,
-                RequestMessage.user_id,
-                RequestMessage.template_variables,
+                col(RequestMessage.request_id),
+                col(RequestMessage.user_id),
+                col(RequestMessage.template_variables),
             )
             .where(col(RequestMessage.request_id).in_(json_ids))
             .order_by(col(RequestMessage.request_id), col(RequestMessage.seq))
-        ).all()  # columns, not entities: a page holds up to 100 x 1,000 messages
+        )
         for request_id, user_id, variables in rows:
             messages[request_id].append({"user_id": user_id, "template_variables": variables or {}})
     bodies: list[dict[str, Any]] = []

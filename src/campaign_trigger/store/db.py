@@ -19,6 +19,9 @@ from sqlmodel import Session
 from campaign_trigger.config import get_settings
 from campaign_trigger.store.private import private_file
 
+SQLITE_POOL_SIZE = 40  # anyio's default thread limiter: the API's worker threads
+SQLITE_POOL_OVERFLOW = 20  # asyncio's default executor (lifecycle, the outbox drainer), exits
+
 
 def normalise_url(url: str) -> str:
     """Use psycopg 3 for plain ``postgresql://`` URLs."""
@@ -46,8 +49,13 @@ def engine_for(url: str) -> Engine:
         if database and database != ":memory:" and not database.startswith("file:"):
             # 0600 before SQLite opens it: its -wal and -shm files take the same mode
             private_file(Path(database))
+        # No pre-ping (a file does not drop connections); as many connections as the API
+        # has worker threads, so that a thread never waits for a connection.
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=SQLITE_POOL_SIZE,
+            max_overflow=SQLITE_POOL_OVERFLOW,
         )
         event.listen(engine, "connect", _on_sqlite_connect)
         return engine
