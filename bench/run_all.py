@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "request_rate": (["--rates", "3", "--seconds", "10", "--reference-runs", "10"], []),
     "api_creates": (["--rates", "10", "25", "--seconds", "10", "--workers", "1"], []),
     "worker_memory": (["--sizes", "20000", "100000"], []),
+    "million": (["--users", "100000"], []),
     "chunk_dispatch": (["--rounds", "1", "--chunks", "6", "--probes", "2"], []),
 }
 
