@@ -275,9 +275,9 @@ class Audience:
     users: list[str]
 
 
-def seed_audience(count: int, *, batch: int = 50_000) -> Audience:
-    """An organisation, an Android app, a started campaign and ``count`` users with one
-    device each."""
+def seed_audience(count: int, *, batch: int = 50_000, platform: str = "android") -> Audience:
+    """An organisation, an app (Android unless ``platform`` says ``ios``), a started
+    campaign and ``count`` users with one device each."""
     from sqlalchemy import insert
 
     from campaign_trigger.store.db import session_scope
@@ -298,7 +298,7 @@ def seed_audience(count: int, *, batch: int = 50_000) -> Audience:
         session.add(org)
         session.flush()
         assert org.id is not None
-        app = App(app_id=f"bench-{tag}", org_id=org.id, platform=Platform.android, sdk_key=tag)
+        app = App(app_id=f"bench-{tag}", org_id=org.id, platform=Platform(platform), sdk_key=tag)
         campaign = Campaign(
             org_id=org.id,
             channel=Channel.push,
@@ -319,12 +319,12 @@ def seed_audience(count: int, *, batch: int = 50_000) -> Audience:
                 "app_id": app_id,
                 "device_id": f"d-{user}",
                 "user_id": user,
-                "push_token": f"t-{user}",
+                "push_token": f"{n:064x}",  # APNs' form (64 hex digits); FCM takes any
                 "opted_in": True,
                 "logged_in": True,
                 "updated_at": now,
             }
-            for user in users[start : start + batch]
+            for n, user in enumerate(users[start : start + batch], start)
         ]
         with session_scope() as session:
             session.execute(insert(Device), rows)

@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "apns_http2": (["--quick"], []),
     "device_import": (["-n", "50000"], []),
     "sandbox": (["-n", "30000", "--rounds", "1"], []),
+    "million": (["--users", "20000"], []),
     "chunk_dispatch": (
         [
             "--rounds",

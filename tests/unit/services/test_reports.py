@@ -24,6 +24,7 @@ def test_sent_at_is_iso_utc() -> None:
     assert iso_utc(moment) == "2026-11-22T05:00:00.123456Z"
     assert datetime.fromisoformat(iso_utc(moment)) == moment.astimezone(UTC)
     assert iso_utc(None) == ""
+    assert iso_utc(moment.astimezone(UTC).replace(tzinfo=None)) == "2026-11-22T05:00:00.123456Z"
 
 
 def test_the_columns_are_the_spec_s() -> None:

@@ -1,0 +1,106 @@
+"""A provider's send slots: shared by concurrent ``send_many`` calls, never more in flight
+than ``concurrency``, first come first served, and no slot lost to a cancelled waiter."""
+
+from __future__ import annotations
+
+import asyncio
+
+from campaign_trigger.delivery.base import PushMessage, PushResult
+from campaign_trigger.delivery.mapping import OK, Verdict
+from campaign_trigger.delivery.sending import Answer, RetryingSender, Slots
+from campaign_trigger.store.models import Platform
+
+
+class CountingSender(RetryingSender):
+    """Answers every message after a few loop turns, counting the sends in flight."""
+
+    platform = Platform.android
+
+    def __init__(self, concurrency: int) -> None:
+        super().__init__(concurrency=concurrency, max_attempts=1)
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    def _build(self, message: PushMessage) -> bytes:
+        return b"{}"
+
+    async def _post(self, message: PushMessage, body: bytes) -> Answer:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.in_flight -= 1
+        return Answer(200, b"{}", None, "credential")
+
+    def _map(self, answer: Answer) -> Verdict:
+        return OK
+
+    def _refresh(self, credential: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _messages(prefix: str, count: int) -> list[PushMessage]:
+    return [PushMessage(n, f"{prefix}-{n}", "title", "body", {}) for n in range(count)]
+
+
+async def test_concurrent_send_many_calls_share_the_slots() -> None:
+    sender = CountingSender(concurrency=3)
+    recorded: list[str] = []
+
+    async def record(result: PushResult) -> None:
+        recorded.append(result.error_message)
+        await asyncio.sleep(0)  # the slot is held while the caller records
+
+    batches = await asyncio.gather(
+        *(sender.send_many(_messages(name, 20), on_result=record) for name in "abcd")
+    )
+    assert sender.most_in_flight == 3
+    assert [[r.key for r in results] for results in batches] == [list(range(20))] * 4
+    assert recorded == [""] * 80
+    again = await sender.send_many(_messages("e", 6))  # every slot was given back
+    assert len(again) == 6
+    assert sender.most_in_flight == 3
+
+
+async def test_waiters_get_slots_in_order_and_a_cancelled_one_takes_none() -> None:
+    slots = Slots(1)
+    await slots.acquire()
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        await slots.acquire()
+        order.append(name)
+
+    first = asyncio.create_task(wait("first"))
+    cancelled = asyncio.create_task(wait("cancelled"))
+    last = asyncio.create_task(wait("last"))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    slots.release()  # to "first"
+    await asyncio.sleep(0)
+    slots.release()  # to "last", past the cancelled waiter
+    await asyncio.gather(first, last, return_exceptions=True)
+    assert cancelled.cancelled()
+    assert order == ["first", "last"]
+
+
+async def test_a_slot_handed_to_a_waiter_being_cancelled_goes_to_the_next() -> None:
+    slots = Slots(1)
+    await slots.acquire()
+    got: list[str] = []
+
+    async def wait(name: str) -> None:
+        await slots.acquire()
+        got.append(name)
+
+    doomed = asyncio.create_task(wait("doomed"))
+    heir = asyncio.create_task(wait("heir"))
+    await asyncio.sleep(0)
+    slots.release()  # handed to "doomed", which is cancelled before it runs
+    doomed.cancel()
+    await asyncio.gather(doomed, heir, return_exceptions=True)
+    assert doomed.cancelled()
+    assert got == ["heir"]
