@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from harness import (
+    PREFECT_PID,
     Audience,
     Worker,
     create_csv_request,
@@ -50,14 +51,6 @@ if TYPE_CHECKING:
     from campaign_trigger.services.delivery_run import DeliveryPlan
 
 TARGET = 0.05
-
-
-def prefect_server() -> psutil.Process:
-    """The Prefect server :func:`private_stack` started (a child of this process)."""
-    for child in psutil.Process().children(recursive=True):
-        if "campaign_trigger.deployments.prefect_server" in " ".join(child.cmdline()):
-            return child
-    raise LookupError("no Prefect server among this process's children")
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -160,8 +153,8 @@ def main() -> None:
         references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds)]
         reference_times: list[float] = []
         flow_times: list[float] = []
+        server = psutil.Process(int(os.environ[PREFECT_PID]))  # the stack's, shared or not
         worker = Worker(home, "--chunk-concurrency", str(args.chunk_concurrency), **provider)
-        server = prefect_server()
         try:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             for n, reference in enumerate(references):

@@ -36,6 +36,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from campaign_trigger.stack import die_with_parent
+
 BIN = Path(sys.executable).parent
 FCM_SUCCESS = '{"name": "projects/bench/messages/0:1"}'
 TOKEN_ANSWER = '{"access_token": "ya29.bench", "expires_in": 3599, "token_type": "Bearer"}'
@@ -383,7 +385,7 @@ class Worker:
             stdout=self.log_path.open("wb"),
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
-            start_new_session=True,
+            preexec_fn=die_with_parent,  # a benchmark that crashes leaves no worker behind
         )
         self.peak_rss = 0
         self._stop = threading.Event()
@@ -445,13 +447,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_process(home: Path, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
-    """A child process in its own session, its output in ``home/<name>.log``."""
+    """A child process in its own session, ended with this one, its output in
+    ``home/<name>.log``."""
     return subprocess.Popen(
         argv,
         stdout=(home / f"{name}.log").open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **env},
-        start_new_session=True,
+        preexec_fn=die_with_parent,
     )
 
 

@@ -37,7 +37,8 @@ class StackError(CampaignTriggerError):
     """The stack cannot start (a port in use, a child that died)."""
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """``preexec_fn`` of a child: its own session, and SIGTERM when its parent dies."""
     os.setsid()
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -84,7 +85,7 @@ class Child:
             env={**os.environ, **self.env},
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
     def alive(self) -> bool:
