@@ -277,6 +277,12 @@ class Audience:
     users: list[str]
 
 
+def token_of(user: str) -> str:
+    """The push token :func:`seed_audience` gives ``user-<n>``'s device: APNs' form (64
+    hex digits of n); FCM takes any."""
+    return f"{int(user.removeprefix('user-')):064x}"
+
+
 def seed_audience(count: int, *, batch: int = 50_000, platform: str = "android") -> Audience:
     """An organisation, an app (Android unless ``platform`` says ``ios``), a started
     campaign and ``count`` users with one device each."""
@@ -321,12 +327,12 @@ def seed_audience(count: int, *, batch: int = 50_000, platform: str = "android")
                 "app_id": app_id,
                 "device_id": f"d-{user}",
                 "user_id": user,
-                "push_token": f"{n:064x}",  # APNs' form (64 hex digits); FCM takes any
+                "push_token": token_of(user),
                 "opted_in": True,
                 "logged_in": True,
                 "updated_at": now,
             }
-            for n, user in enumerate(users[start : start + batch], start)
+            for user in users[start : start + batch]
         ]
         with session_scope() as session:
             session.execute(insert(Device), rows)

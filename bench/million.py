@@ -68,6 +68,7 @@ from harness import (
     seed_audience,
     start_process,
     stop_process,
+    token_of,
     wait_http,
 )
 from sandbox import wait_port
@@ -344,7 +345,7 @@ async def _bare_send(platform: str, users: list[str], campaign_id: str) -> float
         return [
             PushMessage(
                 key=n,
-                token=f"{n:064x}",
+                token=token_of(users[n]),
                 title=f"Hello Ada{n % 997}",
                 body=f"Order A-{n:08d} has shipped",
                 data=data,

@@ -52,6 +52,7 @@ from harness import (
     result,
     seed_audience,
     start_process,
+    token_of,
     wait_http,
 )
 
@@ -99,7 +100,8 @@ def _latencies(sandbox: str, sent: dict[str, float], wait_seconds: float) -> lis
         for user, when in sent.items():
             if user in latencies:
                 continue
-            found = httpx.get(f"{sandbox}/sandbox/deliveries", params={"token": f"t-{user}"}).json()
+            asked = {"token": token_of(user)}
+            found = httpx.get(f"{sandbox}/sandbox/deliveries", params=asked).json()
             if found:
                 latencies[user] = float(found[0]["received_at"]) - when
         time.sleep(0.5)
