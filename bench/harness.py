@@ -227,6 +227,18 @@ def _stack_in(home: Path, port: int, settings: dict[str, str]) -> Iterator[None]
         shutil.rmtree(home, ignore_errors=True)
 
 
+def start_nginx(folder: Path) -> subprocess.Popen[bytes]:
+    """Debian's nginx on ``folder/nginx.conf`` (which says ``daemon off``), in its own
+    session, ended with this process."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    return subprocess.Popen(
+        [nginx, "-c", str(folder / "nginx.conf"), "-p", str(folder), "-e", str(folder / "e.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
+    )
+
+
 @contextmanager
 def nginx_responder() -> Iterator[str]:
     """nginx answering FCM sends and token requests; yields its base URL."""
@@ -255,12 +267,7 @@ http {{
 }}
 """
     )
-    process = subprocess.Popen(
-        [nginx, "-c", str(folder / "nginx.conf"), "-p", str(folder), "-e", str(folder / "e.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    process = start_nginx(folder)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/token", timeout=10)

@@ -66,6 +66,7 @@ from harness import (
     private_stack,
     result,
     seed_audience,
+    start_nginx,
     start_process,
     stop_process,
     token_of,
@@ -113,13 +114,7 @@ def nginx_http2_responder(home: Path) -> Iterator[str]:
     (folder / "nginx.conf").write_text(
         NGINX_HTTP2_CONF.format(dir=folder, port=port, cert=tls.certificate, key=tls.key)
     )
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    process = subprocess.Popen(
-        [nginx, "-c", str(folder / "nginx.conf"), "-p", str(folder), "-e", str(folder / "e.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    process = start_nginx(folder)
     try:
         wait_port(port)
         yield f"https://127.0.0.1:{port}"
