@@ -99,20 +99,19 @@ def _write_app_report(
         writer.writerow(COLUMNS)
         # Core rows, the stored forms: no ORM loading, no enum or UTC conversion per row
         # (they were 40 % of a report's CPU); iso_utc takes SQLite's naive UTC values.
-        result = (
-            session.connection()
-            .execution_options(yield_per=_FETCH)
-            .execute(
-                select(
-                    col(Outcome.user_id),
-                    col(Outcome.device_id),
-                    type_coerce(col(Outcome.sent_at), DateTime()),
-                    type_coerce(col(Outcome.channel), String()),
-                    col(Outcome.error_message),
-                )
-                .where(col(Outcome.request_id) == request_id, col(Outcome.app_id) == app_id)
-                .order_by(col(Outcome.row_no), col(Outcome.device_id))
+        # yield_per on the statement, not the connection: set on the connection it stays
+        # (PostgreSQL then declared a server-side cursor for the session's next UPDATE).
+        result = session.connection().execute(
+            select(
+                col(Outcome.user_id),
+                col(Outcome.device_id),
+                type_coerce(col(Outcome.sent_at), DateTime()),
+                type_coerce(col(Outcome.channel), String()),
+                col(Outcome.error_message),
             )
+            .where(col(Outcome.request_id) == request_id, col(Outcome.app_id) == app_id)
+            .order_by(col(Outcome.row_no), col(Outcome.device_id))
+            .execution_options(yield_per=_FETCH)
         )
         for batch in result.partitions(_FETCH):
             writer.writerows(
