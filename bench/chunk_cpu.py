@@ -8,7 +8,8 @@ bare nginx) is claimed here and its chunks are delivered by ``process_chunk`` as
 report files are written as ``assemble report`` does. This process's CPU time (all its
 threads; nginx is another process) is printed per message for each phase, so a cut's
 figure before → after is the same data and ignores the machine's load. A warm-up
-request of one chunk goes first (imports, connections).
+request of one chunk goes first (imports, connections), after the garbage collector is
+set up as the worker sets it (``settle_collector``).
 
 ``--postgres`` uses a throwaway database on the local PostgreSQL server (its server's
 CPU is not counted); ``--reports DIR`` copies the report files there (to compare them);
@@ -177,6 +178,7 @@ def main() -> None:
             database = stack.enter_context(postgres_database())
             os.environ["CT_DATABASE_URL"] = f"{POSTGRES}/{database}"
         from campaign_trigger.config import get_settings
+        from campaign_trigger.deployments.worker import settle_collector
         from campaign_trigger.store.migrate import upgrade
 
         get_settings.cache_clear()
@@ -184,6 +186,7 @@ def main() -> None:
         audience: Audience = seed_audience(args.users)
         warm = claim(create_csv_request(audience, csv_bytes(audience.users[:5000])))
         plan = claim(create_csv_request(audience, csv_bytes(audience.users)))
+        settle_collector()
         asyncio.run(deliver(warm, 1))
 
         profiler = start_profile(args.profile) if args.profile else None
