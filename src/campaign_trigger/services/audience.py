@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlmodel import Session, col
 
 from campaign_trigger.store.models import App, CampaignApp, Channel, Device, Platform
@@ -64,11 +63,16 @@ def chunk_count(message_count: int, chunk_size: int) -> int:
 
 
 def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list[Any]:
+    """(app, user, device, token, opted in, logged in, gone) of the users' devices.
+
+    Core rows on the session's connection, no ORM loading and no UTC conversion per
+    device: "unregistered or uninstalled" is decided by the database (``gone``)."""
+    connection = session.connection()
+    gone = or_(col(Device.unregistered_at).is_not(None), col(Device.uninstalled_at).is_not(None))
     rows: list[Any] = []
     for start in range(0, len(users), _SQL_BATCH):
-        batch = users[start : start + _SQL_BATCH]
         rows.extend(
-            session.execute(
+            connection.execute(
                 select(
                     col(Device.app_id),
                     col(Device.user_id),
@@ -76,11 +80,10 @@ def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list
                     col(Device.push_token),
                     col(Device.opted_in),
                     col(Device.logged_in),
-                    col(Device.unregistered_at),
-                    col(Device.uninstalled_at),
+                    gone,
                 )
                 .where(col(Device.app_id).in_(app_ids))
-                .where(col(Device.user_id).in_(batch))
+                .where(col(Device.user_id).in_(users[start : start + _SQL_BATCH]))
                 .order_by(col(Device.app_id), col(Device.user_id), col(Device.device_id))
             ).all()
         )
@@ -88,15 +91,10 @@ def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list
 
 
 def _pre_send_outcome(
-    *,
-    channel: Channel,
-    token: str | None,
-    opted_in: bool,
-    logged_in: bool,
-    unregistered_at: datetime | None,
-    uninstalled_at: datetime | None,
+    *, channel: Channel, token: str | None, opted_in: bool, logged_in: bool, gone: bool
 ) -> str:
-    if unregistered_at is not None or uninstalled_at is not None:
+    """``gone``: the device's token came back unregistered or its app was uninstalled."""
+    if gone:
         return APP_UNINSTALLED
     if not logged_in:
         return NOT_LOGGED_IN
@@ -112,24 +110,24 @@ def resolve_targets(
     app_ids = [app.app_id for app in apps]
     devices: dict[tuple[str, str], list[Any]] = {}
     for row in _device_rows(session, app_ids, sorted(set(users))):
-        devices.setdefault((row[0], row[1]), []).append(row)
+        found = devices.get((row[0], row[1]))
+        if found is None:
+            devices[row[0], row[1]] = [row]
+        else:
+            found.append(row)
     with_device = {user for _, user in devices}
     targets: list[Target] = []
+    append = targets.append
     for app_id in app_ids:
         for index, user in enumerate(users):
             found = devices.get((app_id, user))
             if not found:
                 if user not in with_device:
-                    targets.append(Target(index, app_id, user, "", "", NO_DEVICE))
+                    append(Target(index, app_id, user, "", "", NO_DEVICE))
                 continue
-            for _, _, device_id, token, opted_in, logged_in, unregistered, uninstalled in found:
+            for _, _, device_id, token, opted_in, logged_in, gone in found:
                 outcome = _pre_send_outcome(
-                    channel=channel,
-                    token=token,
-                    opted_in=opted_in,
-                    logged_in=logged_in,
-                    unregistered_at=unregistered,
-                    uninstalled_at=uninstalled,
+                    channel=channel, token=token, opted_in=opted_in, logged_in=logged_in, gone=gone
                 )
-                targets.append(Target(index, app_id, user, device_id, token or "", outcome))
+                append(Target(index, app_id, user, device_id, token or "", outcome))
     return targets

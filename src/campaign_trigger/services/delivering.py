@@ -23,7 +23,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 from sqlmodel import Session
@@ -96,17 +95,17 @@ async def sleep_until(moment: datetime) -> None:
 
 def _row(
     job: ChunkJob, target: audience.Target, *, error: str, sent_at: datetime | None
-) -> dict[str, Any]:
-    return {
-        "request_id": job.request_id,
-        "row_no": job.first_row + target.row,
-        "app_id": target.app_id,
-        "user_id": target.user_id,
-        "device_id": target.device_id,
-        "channel": job.channel,
-        "sent_at": sent_at if not error else None,
-        "error_message": error,
-    }
+) -> outcome_log.OutcomeRow:
+    return (
+        job.request_id,
+        job.first_row + target.row,
+        target.app_id,
+        target.user_id,
+        target.device_id,
+        job.channel.value,
+        sent_at if not error else None,
+        error,
+    )
 
 
 def _unregistered(app_id: str, token: str, moment: datetime) -> outcome_log.Write:

@@ -1,0 +1,86 @@
+"""The outcome log writes report rows in the forms the models store and read back, on
+SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from campaign_trigger.config import Settings
+from campaign_trigger.services import outcome_log
+from campaign_trigger.services.requests import create_request
+from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.store.files import Storage
+from campaign_trigger.store.migrate import upgrade
+from campaign_trigger.store.models import Channel, Outcome
+from service_support import Org
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database of each kind (PostgreSQL skips loudly when none answers)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'outcomes.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+    upgrade(url)
+    return url
+
+
+def _request(session: Session, settings: Settings, storage: Storage, org: Org) -> str:
+    messages = [{"user_id": "u", "template_variables": {"first_name": "N", "code": "C"}}]
+    return create_request(
+        session=session,
+        settings=settings,
+        storage=storage,
+        org_id=org.org_id,
+        request_id=f"r-{org.org_id}",
+        trigger=TriggerInput(campaign_id=org.campaign_id, messages=messages),
+    )
+
+
+def test_rows_are_stored_as_the_orm_stores_them_and_recorded_once(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    request_id = _request(session, settings, storage, org)
+    # not UTC, and no microseconds: both have a stored form of their own to get right
+    moment = datetime(2026, 11, 25, 15, 4, 5, tzinfo=timezone(timedelta(hours=2)))
+    for device, sent_at in (("orm", moment), ("orm-failed", None)):
+        session.add(
+            Outcome(
+                request_id=request_id,
+                row_no=0,
+                app_id=org.app_id,
+                user_id="u",
+                device_id=device,
+                channel=Channel.push,
+                sent_at=sent_at,
+                error_message="" if sent_at else "FPErrPushFailed",
+            )
+        )
+    session.commit()
+    rows: list[outcome_log.OutcomeRow] = [
+        (request_id, 0, org.app_id, "u", "log", "push", moment, ""),
+        (request_id, 0, org.app_id, "u", "log-failed", "push", None, "FPErrPushFailed"),
+    ]
+    recorder = outcome_log.OutcomeRecorder(session=session, request_id=request_id, chunk_no=0)
+    asyncio.run(recorder.record_all(rows))
+    asyncio.run(recorder.record_all(rows[:1]))  # a raced chunk: skipped, not an error
+
+    raw = {
+        device: tuple(row)
+        for device, *row in session.connection()
+        .exec_driver_sql("SELECT device_id, channel, sent_at, error_message FROM outcome")
+        .all()
+    }
+    assert len(raw) == 4
+    assert raw["log"] == raw["orm"]
+    assert raw["log-failed"] == raw["orm-failed"]
+    read = {o.device_id: o.sent_at for o in session.exec(select(Outcome)).all()}
+    assert read["log"] == moment
+    assert read["log"].tzinfo == UTC
+    assert read["log-failed"] is None
