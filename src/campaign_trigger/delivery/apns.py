@@ -22,6 +22,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
@@ -339,6 +340,10 @@ class _CurlBatch:
                 return
             provider = self._provider
             provider._latency.observe(time.perf_counter() - started)
+            if outcome.status == 200:  # sent (map_apns): the result at once
+                key = self._messages[index].key
+                self._settle(index, PushResult(key, "", datetime.now(UTC), None))
+                return
             answer = _answer(outcome, token)
             result = provider._final(self._messages[index], answer)
             if result is None:
@@ -389,13 +394,17 @@ class _CurlBatch:
             self._done.set_exception(error)
 
     def _finished(self) -> None:
-        """A message's result is recorded: its slot goes to the next message."""
+        """A message's result is recorded: its slot goes to the next message (this call's
+        own when no other call waits for one)."""
         if self._done.done():
             return
         self._held -= 1
-        self._slots.release()
         self._left -= 1
         if self._left == 0:
+            self._slots.release()
             self._done.set_result(None)
-        else:
+        elif self._pumping or self._slots.waiting():
+            self._slots.release()
             self._pump()
+        else:
+            self._pump(granted=True)

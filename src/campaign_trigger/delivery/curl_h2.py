@@ -37,7 +37,7 @@ from campaign_trigger.delivery.sending import TransportError
 _TIMED_OUT = 28  # CURLE_OPERATION_TIMEDOUT
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and a frozen one costs 3x to make
 class CurlResponse:
     """A complete answer: status, ``Retry-After`` in seconds (None if absent), body."""
 

@@ -94,6 +94,10 @@ class Slots:
             return True
         return False
 
+    def waiting(self) -> bool:
+        """True when someone may be queued for a slot."""
+        return bool(self._waiters)
+
     def wait(self) -> asyncio.Future[None]:
         """Queue for the next slot given back: the future's result means it is the
         caller's (the caller cancels it to leave the queue)."""
