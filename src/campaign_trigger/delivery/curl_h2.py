@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pycurl
 
@@ -36,13 +37,16 @@ from campaign_trigger.delivery.sending import TransportError
 _TIMED_OUT = 28  # CURLE_OPERATION_TIMEDOUT
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and a frozen one costs 3x to make
 class CurlResponse:
     """A complete answer: status, ``Retry-After`` in seconds (None if absent), body."""
 
     status: int
     retry_after: int | None
     body: bytes
+
+
+Tag = TypeVar("Tag")
 
 
 def http2_supported() -> bool:
@@ -76,13 +80,14 @@ class CurlPool:
         self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
         self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self._free: list[pycurl.Curl] = []
-        self._active: dict[pycurl.Curl, asyncio.Future[CurlResponse]] = {}
+        self._active: set[pycurl.Curl] = set()  # each carries its done and tag
         self._watched: dict[int, int] = {}  # fd → the events the loop watches it for
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._closed = False
         self.connections_opened = 0
-        self._warm = asyncio.Event()
+        self._warm = False
         self._probing = False
+        self._held: list[tuple[bytes, list[bytes], bytes, Any, Any]] = []  # behind the first
 
     # libcurl → the loop ---------------------------------------------------------
     def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
@@ -136,22 +141,24 @@ class CurlPool:
 
     def _finish(self, easy: pycurl.Curl, error: Exception | None) -> None:
         self._multi.remove_handle(easy)
+        self._active.discard(easy)
         self.connections_opened += easy.getinfo(pycurl.NUM_CONNECTS)
-        future = self._active.pop(easy, None)
-        if future is not None and not future.done():
-            if error is not None:
-                future.set_exception(error)
-            else:
-                retry_after = easy.getinfo(pycurl.RETRY_AFTER)
-                future.set_result(
-                    CurlResponse(
-                        easy.getinfo(pycurl.RESPONSE_CODE),
-                        retry_after if retry_after > 0 else None,
-                        b"".join(easy.chunks),
-                    )
-                )
-        easy.chunks = []
-        self._free.append(easy)
+        done, tag = easy.done, easy.tag
+        easy.done = easy.tag = None
+        outcome: CurlResponse | Exception
+        if error is not None:
+            outcome = error
+        else:
+            status = easy.getinfo(pycurl.RESPONSE_CODE)
+            retry_after = easy.getinfo(pycurl.RETRY_AFTER) if status != 200 else 0
+            chunks = easy.chunks
+            if chunks:
+                easy.chunks = []
+            outcome = CurlResponse(
+                status, retry_after if retry_after > 0 else None, b"".join(chunks)
+            )
+        self._free.append(easy)  # free before done(): it may start the next request
+        done(tag, outcome)
 
     # requests -------------------------------------------------------------------
     def _easy(self) -> pycurl.Curl:
@@ -178,47 +185,71 @@ class CurlPool:
     async def request(self, path: bytes, headers: list[bytes], body: bytes) -> CurlResponse:
         """POST ``body`` to ``path`` with ``headers`` (``b"name: value"`` lines); raises
         TransportError or TimeoutError."""
+        future: asyncio.Future[CurlResponse] = asyncio.get_running_loop().create_future()
+        self.start(path, headers, body, _settle, future)
+        return await future
+
+    def start(
+        self,
+        path: bytes,
+        headers: list[bytes],
+        body: bytes,
+        done: Callable[[Tag, CurlResponse | Exception], None],
+        tag: Tag,
+    ) -> None:
+        """POST as :meth:`request` does, without a coroutine: ``done(tag, outcome)`` is
+        called once with the answer, or its TransportError or TimeoutError, from the
+        loop's callbacks (never from within ``start``). It must not raise.
+
+        Nothing is allocated per request that the garbage collector tracks (``tag``
+        aside): at thousands of requests a second, objects that live as long as a
+        request are what sets off its full collections."""
+        if self._closed:
+            raise TransportError("pool closed")
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        if not self._warm.is_set():
+        if not self._warm:
             # Before the server's SETTINGS arrive, libcurl assumes 100 streams and may
             # open more than the server allows (they come back refused and are re-sent on
             # new connections, which do the same): the first request goes alone.
             if self._probing:
-                await self._warm.wait()
-            else:
-                self._probing = True
-                try:
-                    return await self._start(path, headers, body)
-                finally:
-                    self._warm.set()
-        return await self._start(path, headers, body)
+                self._held.append((path, headers, body, done, tag))
+                return
+            self._probing = True
+            self._add(path, headers, body, self._warmed, (done, tag))
+            return
+        self._add(path, headers, body, done, tag)
 
-    def _start(
-        self, path: bytes, headers: list[bytes], body: bytes
-    ) -> asyncio.Future[CurlResponse]:
-        assert self._loop is not None
-        if self._closed:
-            raise TransportError("pool closed")
+    def _warmed(self, first: tuple[Any, Any], outcome: CurlResponse | Exception) -> None:
+        self._warm = True
+        held, self._held = self._held, []
+        for request in held:
+            self._add(*request)
+        done, tag = first
+        done(tag, outcome)
+
+    def _add(self, path: bytes, headers: list[bytes], body: bytes, done: Any, tag: Any) -> None:
         easy = self._easy()
         easy.setopt(pycurl.URL, self._base + path)
         easy.setopt(pycurl.HTTPHEADER, headers)
         easy.setopt(pycurl.POSTFIELDS, body)
-        future: asyncio.Future[CurlResponse] = self._loop.create_future()
-        self._active[easy] = future
+        easy.done, easy.tag = done, tag
+        self._active.add(easy)
         self._multi.add_handle(easy)
-        return future
 
     async def aclose(self) -> None:
         """Fail what is in flight, close the connections."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        for easy, future in list(self._active.items()):
+        active, self._active = self._active, set()
+        held, self._held = self._held, []
+        waiting = [(easy.done, easy.tag) for easy in active]
+        for easy in active:
             self._multi.remove_handle(easy)
-            if not future.done():
-                future.set_exception(TransportError("pool closed"))
-        self._active.clear()
+            easy.done = easy.tag = None
+        for done, tag in [*waiting, *((request[3], request[4]) for request in held)]:
+            done(tag, TransportError("pool closed"))
         for easy in self._free:
             easy.close()
         self._free.clear()
@@ -228,3 +259,12 @@ class CurlPool:
                 self._loop.remove_reader(fd)
                 self._loop.remove_writer(fd)
         self._watched.clear()
+
+
+def _settle(future: asyncio.Future[CurlResponse], outcome: CurlResponse | Exception) -> None:
+    if future.done():  # the caller stopped waiting
+        return
+    if isinstance(outcome, Exception):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -32,7 +32,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -87,12 +87,28 @@ class Slots:
         self._free = count
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def acquire(self) -> None:
+    def try_acquire(self) -> bool:
+        """Take a free slot now, if there is one."""
         if self._free:  # a free slot means nobody is waiting: release hands them over
             self._free -= 1
-            return
+            return True
+        return False
+
+    def waiting(self) -> bool:
+        """True when someone may be queued for a slot."""
+        return bool(self._waiters)
+
+    def wait(self) -> asyncio.Future[None]:
+        """Queue for the next slot given back: the future's result means it is the
+        caller's (the caller cancels it to leave the queue)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        return waiter
+
+    async def acquire(self) -> None:
+        if self.try_acquire():
+            return
+        waiter = self.wait()
         try:
             await waiter
         except asyncio.CancelledError:
@@ -168,17 +184,36 @@ class RetryingSender(ABC):
         not be built included), while the message still holds its slot.
         """
         results: list[PushResult | None] = [None] * len(messages)
-        todo: list[tuple[int, PushMessage, bytes]] = []
+        bodies: list[bytes | None] = [None] * len(messages)
+        sendable = 0
         for index, message in enumerate(messages):
             try:
-                todo.append((index, message, self._build(message)))
+                bodies[index] = self._build(message)
+                sendable += 1
             except PayloadError:
                 unsendable = results[index] = PushResult(
                     message.key, FP_ERR_JSON_MARSHALLING, None, None
                 )
                 if on_result is not None:
                     await on_result(unsendable)
-        work: Iterator[tuple[int, PushMessage, bytes]] = iter(todo)
+        try:
+            if sendable:
+                await self._send_all(messages, bodies, sendable, results, on_result)
+        finally:
+            self._latency.flush(metrics.provider_of(self.platform))
+        return [result for result in results if result is not None]
+
+    async def _send_all(
+        self,
+        messages: Sequence[PushMessage],
+        bodies: Sequence[bytes | None],
+        sendable: int,
+        results: list[PushResult | None],
+        on_result: OnResult | None,
+    ) -> None:
+        """Send each message that has a body (``sendable`` of them) into its place in
+        ``results``, a slot held from its send until ``on_result`` has returned."""
+        work = ((i, messages[i], body) for i, body in enumerate(bodies) if body is not None)
         slots = self._slots
 
         async def worker() -> None:
@@ -191,13 +226,7 @@ class RetryingSender(ABC):
                 finally:
                     slots.release()
 
-        workers = min(self._concurrency, len(todo))
-        try:
-            if workers:
-                await asyncio.gather(*(worker() for _ in range(workers)))
-        finally:
-            self._latency.flush(metrics.provider_of(self.platform))
-        return [result for result in results if result is not None]
+        await asyncio.gather(*(worker() for _ in range(min(self._concurrency, sendable))))
 
     def _failed(self, message: PushMessage, reason: str) -> PushResult:
         return PushResult(message.key, FP_ERR_PUSH_FAILED, None, None, reason)
@@ -213,7 +242,12 @@ class RetryingSender(ABC):
             self._auth_failed = True
             self._auth_reason = f"credentials refused: {why}"
 
-    async def _send_one(self, message: PushMessage, body: bytes) -> PushResult:
+    async def _send_one(
+        self, message: PushMessage, body: bytes, first: Answer | Exception | None = None
+    ) -> PushResult:
+        """Send ``message`` until its outcome is final; ``first``: the outcome of a first
+        try already made (its answer, or the exception it raised), judged before anything
+        is sent."""
         tries = 0
         not_processed = 0
         refreshed = False
@@ -221,9 +255,16 @@ class RetryingSender(ABC):
             if self._auth_failed:
                 return self._failed(message, self._auth_reason)
             retry_after: str | None = None
-            started = time.perf_counter()
             try:
-                answer = await self._post(message, body)
+                if first is None:
+                    started = time.perf_counter()
+                    answer = await self._post(message, body)
+                    self._latency.observe(time.perf_counter() - started)
+                else:
+                    outcome, first = first, None
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                    answer = outcome
             except NotProcessed as exc:
                 not_processed += 1
                 if not_processed <= 4 * self._max_attempts:
@@ -235,7 +276,6 @@ class RetryingSender(ABC):
             except (TransportError, AuthUnavailable, TimeoutError) as exc:
                 verdict = Verdict(FP_ERR_PUSH_FAILED, retry=True, reason=_describe(exc))
             else:
-                self._latency.observe(time.perf_counter() - started)
                 verdict = self._map(answer)
                 retry_after = answer.retry_after
                 if verdict.refresh_auth:
@@ -256,11 +296,18 @@ class RetryingSender(ABC):
                 metrics.count_retry(self.platform)
                 await asyncio.sleep(self._delay(tries, retry_after))
                 continue
-            if not verdict.error_message:
-                return PushResult(message.key, "", datetime.now(UTC), None)
-            return PushResult(
-                message.key, verdict.error_message, None, verdict.unregistered_at, verdict.reason
-            )
+            return _result(message, verdict)
+
+    def _final(self, message: PushMessage, answer: Answer) -> PushResult | None:
+        """The result of a first try's ``answer`` when it is final at once: None when
+        the answer asks for more (a retry, a new credential, flagging the app), which
+        :meth:`_send_one` then does with ``first=answer``."""
+        verdict = self._map(answer)
+        if verdict.retry or verdict.refresh_auth or verdict.auth_failed:
+            return None
+        if verdict.error_message and not verdict.reason:
+            verdict = replace(verdict, reason=f"HTTP {answer.status}")
+        return _result(message, verdict)
 
     def _delay(self, tries: int, retry_after: str | None) -> float:
         asked = retry_after_seconds(retry_after)
@@ -268,6 +315,15 @@ class RetryingSender(ABC):
             return float(min(asked, self._retry_after_cap))
         backoff: float = min(self._backoff_cap, self._backoff_base * 2.0 ** (tries - 1))
         return backoff * random.uniform(0.5, 1.0)
+
+
+def _result(message: PushMessage, verdict: Verdict) -> PushResult:
+    """The result of a final ``verdict``: sent now, or refused."""
+    if not verdict.error_message:
+        return PushResult(message.key, "", datetime.now(UTC), None)
+    return PushResult(
+        message.key, verdict.error_message, None, verdict.unregistered_at, verdict.reason
+    )
 
 
 def _describe(exc: BaseException) -> str:

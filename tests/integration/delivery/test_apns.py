@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
@@ -268,3 +269,90 @@ async def test_unreachable_apns_is_retried_then_push_failed(
     finally:
         await provider.aclose()
     assert result.error_message == "FPErrPushFailed"
+
+
+@pytest.mark.parametrize("http2", ["curl", "h2"])
+async def test_concurrent_calls_share_the_slots_each_held_until_its_result_is_recorded(
+    settings: Settings, sandbox: str, http2: Literal["curl", "h2"]
+) -> None:
+    provider = ApnsProvider(apns_credentials(settings), concurrency=5, http2=http2)
+    sent = recorded = most_unrecorded = 0
+    request = provider.pool.request
+
+    async def counted_request(*args: Any) -> Any:  # the h2 client's sends, and retries
+        nonlocal sent
+        sent += 1
+        return await request(*args)
+
+    if isinstance(provider.pool, CurlPool):
+        start = provider.pool.start
+
+        def counted_start(*args: Any) -> None:  # libcurl's first tries
+            nonlocal sent, most_unrecorded
+            sent += 1
+            most_unrecorded = max(most_unrecorded, sent - recorded)
+            start(*args)
+
+        provider.pool.start = counted_start  # type: ignore[method-assign, assignment]
+    provider.pool.request = counted_request  # type: ignore[method-assign, assignment]
+
+    async def record(result: Any) -> None:
+        nonlocal recorded, most_unrecorded
+        most_unrecorded = max(most_unrecorded, sent - recorded)
+        await asyncio.sleep(0.001)  # the slot stays held while the caller records
+        recorded += 1
+
+    try:
+        batches = await asyncio.gather(
+            *(
+                provider.send_many([message(i, f"{name}-{i}") for i in range(30)], on_result=record)
+                for name in ("share-a", "share-b", "share-c")
+            )
+        )
+        again = await provider.send_many(
+            [message(i, f"again-{i}") for i in range(12)], on_result=record
+        )
+    finally:
+        await provider.aclose()
+    assert [[r.key for r in results] for results in batches] == [list(range(30))] * 3
+    assert {r.error_message for results in [*batches, again] for r in results} == {""}
+    assert recorded == 102
+    assert most_unrecorded == 5  # every slot used, never more sent than recorded + 5
+    assert len(httpx.get(f"{sandbox}/sandbox/deliveries").json()) == 102
+
+
+@pytest.mark.parametrize("http2", ["curl", "h2"])
+async def test_a_cancelled_or_failed_call_gives_its_slots_back(
+    settings: Settings, sandbox: str, http2: Literal["curl", "h2"]
+) -> None:
+    provider = ApnsProvider(apns_credentials(settings), concurrency=4, http2=http2)
+    recording = asyncio.Event()
+
+    async def stuck(result: Any) -> None:
+        recording.set()
+        await asyncio.Event().wait()  # never recorded
+
+    async def broken(result: Any) -> None:
+        raise RuntimeError("the report could not be written")
+
+    try:
+        call = asyncio.create_task(
+            provider.send_many([message(i, f"stuck-{i}") for i in range(20)], on_result=stuck)
+        )
+        await recording.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        with pytest.raises(RuntimeError, match="could not be written"):
+            await asyncio.wait_for(  # waits forever for slots the cancelled call kept
+                provider.send_many(
+                    [message(i, f"broken-{i}") for i in range(20)], on_result=broken
+                ),
+                10,
+            )
+        results = await asyncio.wait_for(
+            provider.send_many([message(i, f"after-{i}") for i in range(8)]), 10
+        )
+    finally:
+        await provider.aclose()
+    assert [r.error_message for r in results] == [""] * 8
