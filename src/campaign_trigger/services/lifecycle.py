@@ -139,8 +139,9 @@ async def scheduled_requests(
 ) -> tuple[list[Request], int]:
     """The campaign's requests whose flow run is Scheduled (or still in the outbox).
 
-    Prefect is asked about the requests up to the page's end only, a window of runs at a
-    time, so a list costs what its page costs, not the campaign's whole backlog: the
+    Prefect is asked about the requests up to the page's end only, a window of as many
+    runs as the page still lacks at a time (:data:`prefect_runs.PAGE_LIMIT` at most), so a
+    list costs what its page costs, not the campaign's whole backlog: the
     mirror says which requests are scheduled, and a request the mirror calls scheduled
     but whose run is not (started, or cancelled in the UI) is corrected and left out.
     The total counts the requests checked, plus those beyond the page the mirror calls
@@ -154,7 +155,8 @@ async def scheduled_requests(
     try:
         async with prefect_runs.client() as client:
             while checked < len(candidates) and len(listed) < offset + limit:
-                window = candidates[checked : checked + prefect_runs.PAGE_LIMIT]
+                lacking = min(offset + limit - len(listed), prefect_runs.PAGE_LIMIT)
+                window = candidates[checked : checked + lacking]
                 checked += len(window)
                 scheduled_ids = await prefect_runs.scheduled_among(
                     client, [r.flow_run_id for r in window if r.flow_run_id is not None]

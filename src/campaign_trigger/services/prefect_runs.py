@@ -245,15 +245,24 @@ def scheduled_filter(
 
 
 async def scheduled_among(client: PrefectClient, run_ids: Sequence[str]) -> set[str]:
-    """Which of ``run_ids`` (at most :data:`PAGE_LIMIT`) are Scheduled deliver-request runs."""
+    """Which of ``run_ids`` (at most :data:`PAGE_LIMIT`) are Scheduled deliver-request runs.
+
+    Asks the server's filter route as ``read_flow_runs`` does, but reads only each run's
+    id from the answer: building the runs' models (their dates through pendulum) cost a
+    third of the scheduled list's CPU."""
     if not run_ids:
         return set()
     ids = [UUID(run_id) for run_id in run_ids]
-    runs = await client.read_flow_runs(
-        flow_run_filter=scheduled_filter(dep_id=await deployment_id(client), ids=ids),
-        limit=PAGE_LIMIT,
+    wanted = scheduled_filter(dep_id=await deployment_id(client), ids=ids)
+    response = await client.request(
+        "POST",
+        "/flow_runs/filter",
+        json={
+            "flow_runs": wanted.model_dump(mode="json", exclude_unset=True),
+            "limit": PAGE_LIMIT,
+        },
     )
-    return {str(run.id) for run in runs}
+    return {str(run["id"]) for run in response.json()}
 
 
 async def due_runs(client: PrefectClient, *, before: datetime, limit: int) -> list[FlowRun]:

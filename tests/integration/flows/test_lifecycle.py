@@ -165,7 +165,8 @@ async def test_a_page_asks_prefect_about_the_requests_up_to_its_end_only(
         org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=2, offset=0
     )
     assert [r.id for r in first] == request_ids[1:3]
-    assert asked == [prefect_runs.PAGE_LIMIT]  # the first window only, not the backlog
+    # as many runs as the page lacks, not the backlog: two, then one for the cancelled
+    assert asked == [2, 1]
     assert counted_total == total - 1  # the second window's cancel is not seen yet
     assert load_request(request_ids[0]).state == RequestState.canceled
 
@@ -174,7 +175,9 @@ async def test_a_page_asks_prefect_about_the_requests_up_to_its_end_only(
         org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=total - 5
     )
     assert [r.id for r in last] == request_ids[-3:]
-    assert asked == [prefect_runs.PAGE_LIMIT, 4]  # the first request corrected: not open now
+    # the page's end is past the first window (PAGE_LIMIT at most); the first request,
+    # corrected, is not open now
+    assert asked == [prefect_runs.PAGE_LIMIT, 4]
     assert counted_total == total - 2
     assert load_request(request_ids[prefect_runs.PAGE_LIMIT + 1]).state == RequestState.canceled
 
