@@ -15,7 +15,8 @@ each of which costs the Prefect server CPU on every request.
 
 Beside Prefect's loops the process runs :mod:`campaign_trigger.deployments.upkeep`:
 the outbox reconciler, stopping runs cancelled while running, and taking over the
-runs Prefect marked dead (:meth:`DeliveryWorker.take_over`).
+runs Prefect marked dead (:meth:`DeliveryWorker.take_over`); and one watch for runs
+suspended in the UI for all its runs (:mod:`campaign_trigger.deployments.suspension`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker
 from campaign_trigger import logs, metrics
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.providers import close_providers
-from campaign_trigger.deployments import catalog, upkeep
+from campaign_trigger.deployments import catalog, suspension, upkeep
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
 from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
 from campaign_trigger.services import prefect_runs
@@ -247,31 +248,35 @@ async def run_worker(
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
     # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
-    with temporary_settings(
-        {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
-    ):
-        serving = [asyncio.create_task(workers[0].start(printer=logger.info))]
-        # The chunks queue holds the shares of large requests only: a slower poll there
-        # costs a share ~1 s on a request of many seconds, and the idle server less.
-        with temporary_settings({PREFECT_WORKER_QUERY_SECONDS: poll_seconds * CHUNKS_POLL_FACTOR}):
-            serving.append(asyncio.create_task(workers[1].start(printer=logger.info)))
-        loops = asyncio.gather(
-            upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
-        )
-        logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
-        try:
-            await stop.wait()
-        finally:
-            active = [task for w in workers for task in w.active.values()]
-            if active:
-                logger.info("waiting for %d runs to finish", len(active))
-                await asyncio.gather(*active, return_exceptions=True)
-            for task in serving:
-                task.cancel()
-            loops.cancel()
-            await asyncio.gather(*serving, loops, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await close_providers()
+    # One watch for runs suspended in the UI serves every run (deployments/suspension.py).
+    async with suspension.one_suspension_watch():
+        with temporary_settings(
+            {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
+        ):
+            serving = [asyncio.create_task(workers[0].start(printer=logger.info))]
+            # The chunks queue holds the shares of large requests only: a slower poll there
+            # costs a share ~1 s on a request of many seconds, and the idle server less.
+            with temporary_settings(
+                {PREFECT_WORKER_QUERY_SECONDS: poll_seconds * CHUNKS_POLL_FACTOR}
+            ):
+                serving.append(asyncio.create_task(workers[1].start(printer=logger.info)))
+            loops = asyncio.gather(
+                upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
+            )
+            logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
+            try:
+                await stop.wait()
+            finally:
+                active = [task for w in workers for task in w.active.values()]
+                if active:
+                    logger.info("waiting for %d runs to finish", len(active))
+                    await asyncio.gather(*active, return_exceptions=True)
+                for task in serving:
+                    task.cancel()
+                loops.cancel()
+                await asyncio.gather(*serving, loops, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await close_providers()
 
 
 def main(*, concurrency: int = 4, **options: Any) -> None:
