@@ -35,6 +35,7 @@ from uuid import UUID
 import anyio
 import anyio.abc
 from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.context import AsyncClientContext
 from prefect.flow_engine import run_flow_async
 from prefect.flows import Flow
 from prefect.settings import (
@@ -248,8 +249,10 @@ async def run_worker(
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
     # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
-    # One watch for runs suspended in the UI serves every run (deployments/suspension.py).
-    async with suspension.one_suspension_watch():
+    # One Prefect client for every run (the engine would open one per run: a connection
+    # and a CSRF-token call each), one watch for runs suspended in the UI for every run
+    # (deployments/suspension.py).
+    async with AsyncClientContext.get_or_create(), suspension.one_suspension_watch():
         with temporary_settings(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
