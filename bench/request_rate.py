@@ -61,7 +61,7 @@ TARGET_P95 = 3.0
 TARGET_RATIO = 1.5
 
 
-async def _send_at_rate(
+async def send_at_rate(
     api: str, token: str, campaign_id: str, users: list[str], rate: float
 ) -> dict[str, float]:
     """Create one request per user, one every 1/rate s; user -> when it was sent."""
@@ -209,7 +209,7 @@ def main() -> None:
                         {name: psutil.Process(p.pid) for name, p in named.items()},
                         args.seconds,
                     )
-                sent = asyncio.run(_send_at_rate(api, token, audience.campaign_id, batch, rate))
+                sent = asyncio.run(send_at_rate(api, token, audience.campaign_id, batch, rate))
                 latencies = _latencies(sandbox, sent, wait_seconds=60)
                 p95 = percentile(latencies, 0.95) if latencies else float("inf")
                 ok = len(latencies) == len(batch) and p95 <= TARGET_P95

@@ -113,5 +113,17 @@ def dict_config(kind: LogFormat, *, level: str = "INFO") -> dict[str, Any]:
 
 
 def configure(kind: LogFormat) -> None:
-    """Set this process's logging up as :func:`dict_config` says (after Prefect's own)."""
+    """Set this process's logging up as :func:`dict_config` says (after Prefect's own).
+
+    ``dictConfig`` strips the handlers of every existing logger below one it configures:
+    Prefect's ``prefect.flow_runs`` and ``prefect.task_runs`` would lose the handler that
+    sends the run logs to the Prefect UI. Prefect's loggers keep what they had.
+    """
+    kept = {
+        logger: (list(logger.handlers), logger.level, logger.propagate)
+        for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("prefect.") and isinstance(logger, logging.Logger) and logger.handlers
+    }
     logging.config.dictConfig(dict_config(kind))
+    for logger, (handlers, level, propagate) in kept.items():
+        logger.handlers, logger.level, logger.propagate = handlers, level, propagate

@@ -155,7 +155,7 @@ def prefect_env(settings: Settings) -> dict[str, str]:
 
 def api_processes(settings: Settings, cpus: int | None) -> int:
     """How many API processes ``up`` runs: ``CT_API_WORKERS`` when set, else one per
-    four cores. On one machine the Prefect server (~300 ms of CPU per one-message
+    four cores. On one machine the Prefect server (~190 ms of CPU per one-message
     request) and the delivery worker need the cores far more than the API (~25 ms per
     create): a second API process on 2 cores made creates slower (docs/benchmarks.md)."""
     if "api_workers" in settings.model_fields_set:

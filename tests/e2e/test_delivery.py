@@ -8,6 +8,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from sqlalchemy import func, select
 
 from campaign_trigger.services.scheduling import notify_new_request
@@ -80,6 +82,24 @@ async def test_a_request_scheduled_ahead_stays_scheduled_then_is_delivered(
     delivered = sandbox.delivered([d.token for d in audience.devices if d.token])
     assert delivered[next(d.token for d in audience.devices if "flaky" in d.device_id)] == 1
     assert sum(delivered.values()) == 3  # ok x2 and flaky, each exactly once
+    # The run's logs reach the Prefect UI from the worker process (its own log set-up
+    # keeps Prefect's handler of run logs).
+    assert any(line.startswith("report: ") for line in await _run_logs(run.id, "report: "))
+
+
+async def _run_logs(flow_run_id: uuid.UUID, awaited: str, timeout: float = 20) -> list[str]:
+    """The run's log lines in Prefect, once one starts with ``awaited`` (they are posted
+    in batches) or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    async with get_client() as client:
+        while True:
+            found = await client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            )
+            lines = [log.message for log in found]
+            if any(line.startswith(awaited) for line in lines) or time.monotonic() > deadline:
+                return lines
+            await asyncio.sleep(0.5)
 
 
 def _recorded(request_id: str) -> tuple[int, int]:

@@ -7,16 +7,28 @@ writes after another connection committed, fails at once with "database is locke
 flow-run creation, state changes and heartbeats turn into 503s and lost creations.
 ``BEGIN IMMEDIATE`` takes the write lock first and waits for it (``busy_timeout``, 60 s
 in Prefect's set-up): the writers queue instead of failing. A PostgreSQL server is
-untouched. Run as ``python -m campaign_trigger.deployments.prefect_server [start
-options]``; the options are ``prefect server start``'s.
+untouched.
+
+Prefect's services that the product does not use are off unless the environment turns
+them on: the event persister (``PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED``), which
+stores every event (~15 per one-message request, each with its related resources) for
+the UI's Events page, cost the server ~30 ms of CPU per request (docs/benchmarks.md).
+Automations (the *Worker lost* one), task runs, logs and artifacts do not read stored
+events: they work as before. Run as ``python -m campaign_trigger.deployments.prefect_server
+[start options]``; the options are ``prefect server start``'s.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from prefect.server.database.configurations import AioSqliteConfiguration
+from prefect.settings import PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED, temporary_settings
+
+# Services off in the embedded server, unless the environment names them.
+UNUSED_SERVICES = (PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED,)
 
 
 def _begin_immediate(self: AioSqliteConfiguration, conn: Any) -> None:
@@ -28,7 +40,9 @@ def main() -> None:
     from prefect.cli import app
 
     sys.argv = ["prefect", "server", "start", *sys.argv[1:]]
-    app()
+    off = {setting: False for setting in UNUSED_SERVICES if setting.name not in os.environ}
+    with temporary_settings(updates=off):
+        app()
 
 
 if __name__ == "__main__":

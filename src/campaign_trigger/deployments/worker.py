@@ -15,7 +15,8 @@ each of which costs the Prefect server CPU on every request.
 
 Beside Prefect's loops the process runs :mod:`campaign_trigger.deployments.upkeep`:
 the outbox reconciler, stopping runs cancelled while running, and taking over the
-runs Prefect marked dead (:meth:`DeliveryWorker.take_over`).
+runs Prefect marked dead (:meth:`DeliveryWorker.take_over`); and one watch for runs
+suspended in the UI for all its runs (:mod:`campaign_trigger.deployments.suspension`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import re
 import signal
 import socket
+import time
 import uuid
 from typing import Any
 from uuid import UUID
@@ -35,6 +37,7 @@ from uuid import UUID
 import anyio
 import anyio.abc
 from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.context import AsyncClientContext
 from prefect.flow_engine import run_flow_async
 from prefect.flows import Flow
 from prefect.settings import (
@@ -47,13 +50,15 @@ from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker
 from campaign_trigger import logs, metrics
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.providers import close_providers
-from campaign_trigger.deployments import catalog, upkeep
+from campaign_trigger.deployments import catalog, suspension, upkeep
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
 from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
 CHUNKS_POLL_FACTOR = 4
+# The longest gap between two polls of a worker whose polls keep finding nothing.
+IDLE_POLL_SECONDS = 2.0
 
 
 def new_worker_name() -> str:
@@ -81,6 +86,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         *,
         concurrency: int,
         queue: str = "default",
+        poll_seconds: float = 0.5,
         prefetch_seconds: float = 1.5,
         heartbeat_seconds: int = 10,
         name: str | None = None,
@@ -95,8 +101,31 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         )
         self.queue = queue
         self.concurrency = concurrency
+        self.poll_seconds = poll_seconds
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
+        self._empty_polls = 0
+        self._next_poll_at = 0.0
+
+    async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        """Poll the pool: Prefect's loop calls this every ``poll_seconds``, but after polls
+        that found nothing the gap doubles (up to :data:`IDLE_POLL_SECONDS`) and is one
+        interval again once a poll finds a run. A poll costs the Prefect server ~18 ms of
+        CPU (it also marks the queue and its deployments ready): an idle worker polls a
+        quarter as often, a busy one as before; a request after a quiet spell waits for
+        the next poll, at most :data:`IDLE_POLL_SECONDS`."""
+        now = time.monotonic()
+        if now < self._next_poll_at:
+            return []
+        runs = await super().get_and_submit_flow_runs()
+        self._empty_polls = 0 if runs else self._empty_polls + 1
+        gap = min(
+            max(self.poll_seconds, IDLE_POLL_SECONDS),
+            self.poll_seconds * 2 ** min(self._empty_polls, 10),
+        )
+        # (Prefect's loop ticks with some jitter: a tick a little early still polls.)
+        self._next_poll_at = now + gap - self.poll_seconds / 2
+        return runs
 
     @property
     def claim_message(self) -> str:
@@ -242,37 +271,47 @@ async def run_worker(
             concurrency=limit,
             queue=queue,
             name=f"{name}-{queue}",
+            poll_seconds=poll,
             prefetch_seconds=prefetch_seconds,
             heartbeat_seconds=heartbeat_seconds,
         )
-        for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
+        for queue, limit, poll in (
+            ("default", concurrency, poll_seconds),
+            ("chunks", chunk_concurrency, poll_seconds * CHUNKS_POLL_FACTOR),
+        )
     ]
     # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
-    with temporary_settings(
-        {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
-    ):
-        serving = [asyncio.create_task(workers[0].start(printer=logger.info))]
-        # The chunks queue holds the shares of large requests only: a slower poll there
-        # costs a share ~1 s on a request of many seconds, and the idle server less.
-        with temporary_settings({PREFECT_WORKER_QUERY_SECONDS: poll_seconds * CHUNKS_POLL_FACTOR}):
-            serving.append(asyncio.create_task(workers[1].start(printer=logger.info)))
-        loops = asyncio.gather(
-            upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
-        )
-        logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
-        try:
-            await stop.wait()
-        finally:
-            active = [task for w in workers for task in w.active.values()]
-            if active:
-                logger.info("waiting for %d runs to finish", len(active))
-                await asyncio.gather(*active, return_exceptions=True)
-            for task in serving:
-                task.cancel()
-            loops.cancel()
-            await asyncio.gather(*serving, loops, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await close_providers()
+    # One Prefect client for every run (the engine would open one per run: a connection
+    # and a CSRF-token call each), one watch for runs suspended in the UI for every run
+    # (deployments/suspension.py).
+    async with AsyncClientContext.get_or_create(), suspension.one_suspension_watch():
+        with temporary_settings(
+            {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
+        ):
+            serving = [asyncio.create_task(workers[0].start(printer=logger.info))]
+            # The chunks queue holds the shares of large requests only: a slower poll there
+            # costs a share ~1 s on a request of many seconds, and the idle server less.
+            with temporary_settings(
+                {PREFECT_WORKER_QUERY_SECONDS: poll_seconds * CHUNKS_POLL_FACTOR}
+            ):
+                serving.append(asyncio.create_task(workers[1].start(printer=logger.info)))
+            loops = asyncio.gather(
+                upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
+            )
+            logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
+            try:
+                await stop.wait()
+            finally:
+                active = [task for w in workers for task in w.active.values()]
+                if active:
+                    logger.info("waiting for %d runs to finish", len(active))
+                    await asyncio.gather(*active, return_exceptions=True)
+                for task in serving:
+                    task.cancel()
+                loops.cancel()
+                await asyncio.gather(*serving, loops, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await close_providers()
 
 
 def settle_collector() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun, State
+from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH
 from prefect.states import Cancelled
 
 from campaign_trigger.config import get_settings
@@ -20,6 +21,11 @@ from campaign_trigger.tasks.delivery import (
     prepare_delivery,
     read_plan,
 )
+
+# No result is ever stored (persist_result=False), but a flow without a result storage
+# of its own makes the engine ask the server for its default on every run (a blocking
+# GET /admin/storage per request): name Prefect's local default instead.
+RESULT_STORAGE = PREFECT_RESULTS_LOCAL_STORAGE_PATH.value()
 
 
 def _on_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
@@ -47,6 +53,7 @@ async def _deliver_here(plan: DeliveryPlan, todo: list[int], *, progress: bool) 
 @flow(
     name="deliver-request",  # runs are named after the request when created
     persist_result=False,
+    result_storage=RESULT_STORAGE,
     on_failure=[_on_failure],
     on_crashed=[_on_failure],
 )
@@ -71,7 +78,7 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
     return {name or "sent": count for name, count in summary.totals().items()}
 
 
-@flow(name="deliver-chunks", persist_result=False)
+@flow(name="deliver-chunks", persist_result=False, result_storage=RESULT_STORAGE)
 async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int:
     """Deliver a share of a request's chunks (the request's run made this its subflow)."""
     plan = await read_plan(request_id)

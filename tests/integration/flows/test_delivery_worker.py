@@ -1,6 +1,7 @@
 """The delivery worker is a Prefect worker of its pool: it shows in the pool's worker
 list, a paused pool gets nothing claimed, a pool concurrency limit of one runs one
-delivery at a time, and every request's steps are task runs."""
+delivery at a time, every request's steps are task runs, and a run suspended in the UI
+stops at its next step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.actions import WorkPoolUpdate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.states import Suspended
 
 from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.deployments.catalog import DELIVERY_POOL
@@ -119,3 +121,27 @@ async def test_a_one_message_request_shows_its_steps_as_completed_task_runs(
         "deliver chunk 1/1": "COMPLETED",
         "assemble report": "COMPLETED",
     }
+
+
+async def test_a_delivery_suspended_in_the_ui_stops_at_its_next_step(
+    worker: None, sandbox_state: SandboxState
+) -> None:
+    sandbox_state.configure(latency_ms=2000)  # the chunk's send lasts 2 s
+    try:
+        [request_id] = _one_user_requests(1)
+        await drain()
+        run = await wait_for_state(request_id, "RUNNING", timeout=60)
+        async with get_client() as client:
+            # what the UI's Suspend proposes for a running deployment run
+            await client.set_flow_run_state(run.id, Suspended(timeout_seconds=300))
+        await asyncio.sleep(6)  # the chunk is done: the report would have begun
+        run = await read_run(request_id)  # type: ignore[assignment]
+    finally:
+        sandbox_state.configure(latency_ms=0)
+    assert run.state is not None
+    assert run.state.name == "Suspended"
+    async with get_client() as client:
+        task_runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
+    assert "assemble report" not in {t.name for t in task_runs}
