@@ -29,7 +29,6 @@ import os
 import re
 import signal
 import socket
-import time
 import uuid
 from typing import Any
 from uuid import UUID
@@ -57,8 +56,6 @@ from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
 CHUNKS_POLL_FACTOR = 4
-# The longest gap between two polls of a worker whose polls keep finding nothing.
-IDLE_POLL_SECONDS = 2.0
 
 
 def new_worker_name() -> str:
@@ -86,7 +83,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         *,
         concurrency: int,
         queue: str = "default",
-        poll_seconds: float = 0.5,
         prefetch_seconds: float = 1.5,
         heartbeat_seconds: int = 10,
         name: str | None = None,
@@ -101,31 +97,8 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         )
         self.queue = queue
         self.concurrency = concurrency
-        self.poll_seconds = poll_seconds
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
-        self._empty_polls = 0
-        self._next_poll_at = 0.0
-
-    async def get_and_submit_flow_runs(self) -> list[FlowRun]:
-        """Poll the pool: Prefect's loop calls this every ``poll_seconds``, but after polls
-        that found nothing the gap doubles (up to :data:`IDLE_POLL_SECONDS`) and is one
-        interval again once a poll finds a run. A poll costs the Prefect server ~18 ms of
-        CPU (it also marks the queue and its deployments ready): an idle worker polls a
-        quarter as often, a busy one as before; a request after a quiet spell waits for
-        the next poll, at most :data:`IDLE_POLL_SECONDS`."""
-        now = time.monotonic()
-        if now < self._next_poll_at:
-            return []
-        runs = await super().get_and_submit_flow_runs()
-        self._empty_polls = 0 if runs else self._empty_polls + 1
-        gap = min(
-            max(self.poll_seconds, IDLE_POLL_SECONDS),
-            self.poll_seconds * 2 ** min(self._empty_polls, 10),
-        )
-        # (Prefect's loop ticks with some jitter: a tick a little early still polls.)
-        self._next_poll_at = now + gap - self.poll_seconds / 2
-        return runs
 
     @property
     def claim_message(self) -> str:
@@ -271,14 +244,10 @@ async def run_worker(
             concurrency=limit,
             queue=queue,
             name=f"{name}-{queue}",
-            poll_seconds=poll,
             prefetch_seconds=prefetch_seconds,
             heartbeat_seconds=heartbeat_seconds,
         )
-        for queue, limit, poll in (
-            ("default", concurrency, poll_seconds),
-            ("chunks", chunk_concurrency, poll_seconds * CHUNKS_POLL_FACTOR),
-        )
+        for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
     # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
     # One Prefect client for every run (the engine would open one per run: a connection
