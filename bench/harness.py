@@ -471,6 +471,39 @@ def start_process(home: Path, name: str, argv: list[str], **env: str) -> subproc
     )
 
 
+def start_send_now_stack(home: Path) -> tuple[str, str, list[subprocess.Popen[bytes]]]:
+    """The sandbox, the API and a worker (concurrency 8, its run logs at INFO, as ``up``
+    runs it) on free ports beside the private stack in ``home``; returns the API's and the
+    sandbox's URLs and the processes (sandbox, API, worker) once the worker polls (it has
+    registered its deployments then)."""
+    from campaign_trigger.config import get_settings
+
+    ports = {name: free_port() for name in ("API", "SANDBOX", "SANDBOX_TLS")}
+    os.environ.update({f"CT_{name}_PORT": str(port) for name, port in ports.items()})
+    get_settings.cache_clear()
+    cli = [sys.executable, "-m", "campaign_trigger.cli"]
+    processes = [
+        start_process(home, "sandbox", [*cli, "sandbox"]),
+        start_process(home, "api", [*cli, "api"]),
+        start_process(
+            home, "worker", [*cli, "worker", "--concurrency", "8"], PREFECT_LOGGING_LEVEL="INFO"
+        ),
+    ]
+    api, sandbox = f"http://127.0.0.1:{ports['API']}", f"http://127.0.0.1:{ports['SANDBOX']}"
+    try:
+        wait_http(f"{api}/health")
+        wait_http(f"{sandbox}/sandbox/stats")
+        while b"ready: polling" not in (home / "worker.log").read_bytes():
+            if processes[2].poll() is not None:
+                raise RuntimeError((home / "worker.log").read_text()[-2000:])
+            time.sleep(0.1)
+    except BaseException:
+        for process in processes:
+            process.terminate()
+        raise
+    return api, sandbox, processes
+
+
 class Profile:
     """py-spy on each process for ``seconds``, and the CPU each used meanwhile."""
 

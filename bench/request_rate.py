@@ -31,7 +31,6 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -44,16 +43,14 @@ import psutil
 from harness import (
     PREFECT_PID,
     Profile,
-    free_port,
     knee_verdict,
     member_token,
     percentile,
     private_stack,
     result,
     seed_audience,
-    start_process,
+    start_send_now_stack,
     token_of,
-    wait_http,
 )
 
 TARGET_RATE = 5.0
@@ -161,37 +158,12 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="py-spy the processes into this folder")
     parser.add_argument("--profile-rate", type=float, default=5.0)
     args = parser.parse_args()
-    cli = [sys.executable, "-m", "campaign_trigger.cli"]
     with private_stack(postgres=args.postgres) as home:
-        api_port, sandbox_port, tls_port = free_port(), free_port(), free_port()
-        env = {
-            "CT_API_PORT": str(api_port),
-            "CT_SANDBOX_PORT": str(sandbox_port),
-            "CT_SANDBOX_TLS_PORT": str(tls_port),
-        }
-        os.environ.update(env)
-        from campaign_trigger.config import get_settings
-
-        get_settings.cache_clear()
         total = int(sum(rate * args.seconds for rate in args.rates)) + 10
         audience = seed_audience(total)
         token = member_token(audience.org_id)
-        processes = [
-            start_process(home, "sandbox", [*cli, "sandbox"]),
-            start_process(home, "api", [*cli, "api"]),
-            start_process(
-                home, "worker", [*cli, "worker", "--concurrency", "8"], PREFECT_LOGGING_LEVEL="INFO"
-            ),
-        ]
+        api, sandbox, processes = start_send_now_stack(home)
         try:
-            api, sandbox = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{sandbox_port}"
-            wait_http(f"{api}/health")
-            wait_http(f"{sandbox}/sandbox/stats")
-            # the worker has registered its deployments once it polls
-            while b"ready: polling" not in (home / "worker.log").read_bytes():
-                if processes[2].poll() is not None:
-                    raise RuntimeError((home / "worker.log").read_text()[-2000:])
-                time.sleep(0.1)
             server = psutil.Process(int(os.environ[PREFECT_PID]))
             users = iter(audience.users)
             sustained = 0.0

@@ -34,14 +34,12 @@ import psutil
 
 from harness import (
     PREFECT_PID,
-    free_port,
     member_token,
     private_stack,
     seed_audience,
-    start_process,
+    start_send_now_stack,
     stop_process,
     token_of,
-    wait_http,
 )
 from request_rate import send_at_rate
 
@@ -104,32 +102,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.access_log:
         os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "INFO"
-    cli = [sys.executable, "-m", "campaign_trigger.cli"]
     with private_stack() as home:
-        ports = {name: free_port() for name in ("API", "SANDBOX", "SANDBOX_TLS")}
-        os.environ.update({f"CT_{name}_PORT": str(port) for name, port in ports.items()})
-        from campaign_trigger.config import get_settings
-
-        get_settings.cache_clear()
         count = int(args.rate * args.seconds)
         audience = seed_audience(count)
         token = member_token(audience.org_id)
-        processes = [
-            start_process(home, "sandbox", [*cli, "sandbox"]),
-            start_process(home, "api", [*cli, "api"]),
-            start_process(
-                home, "worker", [*cli, "worker", "--concurrency", "8"], PREFECT_LOGGING_LEVEL="INFO"
-            ),
-        ]
+        api, sandbox, processes = start_send_now_stack(home)
         try:
-            api = f"http://127.0.0.1:{ports['API']}"
-            sandbox = f"http://127.0.0.1:{ports['SANDBOX']}"
-            wait_http(f"{api}/health")
-            wait_http(f"{sandbox}/sandbox/stats")
-            while b"ready: polling" not in (home / "worker.log").read_bytes():
-                if processes[2].poll() is not None:
-                    raise RuntimeError((home / "worker.log").read_text()[-2000:])
-                time.sleep(0.1)
             server = psutil.Process(int(os.environ[PREFECT_PID]))
             time.sleep(5)  # the worker's first polls and registrations
             idle_start, idle_cpu = time.monotonic(), _cpu(server)
