@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
-import io
 import os
 import shutil
 import signal
@@ -57,7 +55,6 @@ import psutil
 
 from apns_http2 import NGINX_CONF as NGINX_HTTP2_CONF
 from harness import (
-    Audience,
     Worker,
     csv_bytes,
     free_port,
@@ -204,18 +201,19 @@ class Run:
     report_rows: int
 
 
-def upload_to_report(api: str, token: str, audience: Audience) -> Run:
-    """Upload the audience's CSV, wait for the report's links, check every row."""
+def upload_to_report(api: str, token: str, campaign_id: str, upload: Path, users: list[str]) -> Run:
+    """Upload the CSV file ``upload`` (one row per user of ``users``), wait for the
+    report's links, check every row of the report."""
     headers = {"Authorization": f"Bearer {token}"}
-    content = csv_bytes(audience.users)
     started = time.time()
-    created = httpx.post(
-        f"{api}/api/campaigns/trigger",
-        headers=headers,
-        data={"campaign_id": audience.campaign_id},
-        files={"file": ("batch.csv", content, "text/csv")},
-        timeout=600,
-    )
+    with upload.open("rb") as content:
+        created = httpx.post(
+            f"{api}/api/campaigns/trigger",
+            headers=headers,
+            data={"campaign_id": campaign_id},
+            files={"file": ("batch.csv", content, "text/csv")},
+            timeout=3600,
+        )
     answered = time.time()
     created.raise_for_status()
     request_id = created.json()["request_id"]
@@ -230,16 +228,45 @@ def upload_to_report(api: str, token: str, audience: Audience) -> Run:
             break
         time.sleep(0.1)
     links = time.time()
-    rows: list[dict[str, str]] = []
-    for link in answer.json()["reports"]:
-        rows += csv.DictReader(io.StringIO(httpx.get(link, timeout=120).text))
-    failed = [row for row in rows if row["error_message"]]
-    devices = {row["device_id"] for row in rows}
-    expected = {f"d-{user}" for user in audience.users}
-    assert len(rows) == len(audience.users), f"{len(rows)} rows for {len(audience.users)} users"
-    assert not failed, f"{len(failed)} rows failed, e.g. {failed[0]}"
-    assert devices == expected, f"{len(expected - devices)} devices missing"
-    return Run(request_id, started, answered, links, len(rows))
+    rows = check_report(answer.json()["reports"], users)
+    return Run(request_id, started, answered, links, rows)
+
+
+def check_report(links: list[str], users: list[str]) -> int:
+    """Download the report files (streamed to disk: a gigabyte's report is larger than
+    its upload) and check them: one row per user, each a success, each device once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import csv as pacsv
+
+    devices: list[pa.ChunkedArray] = []
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as folder:
+        for n, link in enumerate(links):
+            path = Path(folder) / f"{n}.csv"
+            with httpx.stream("GET", link, timeout=600) as answer, path.open("wb") as out:
+                answer.raise_for_status()
+                for block in answer.iter_bytes(1 << 20):
+                    out.write(block)
+            table = pacsv.read_csv(
+                path,
+                convert_options=pacsv.ConvertOptions(
+                    column_types={"device_id": pa.string(), "error_message": pa.string()},
+                    include_columns=["device_id", "error_message"],
+                    strings_can_be_null=False,
+                ),
+            )
+            failed = pc.sum(pc.not_equal(table["error_message"], "")).as_py() or 0
+            if failed:
+                sample = table.filter(pc.not_equal(table["error_message"], "")).slice(0, 1)
+                raise AssertionError(f"{failed} rows failed in {link}, e.g. {sample.to_pylist()}")
+            devices.append(table["device_id"])
+    found = pa.chunked_array([chunk for column in devices for chunk in column.chunks])
+    assert len(found) == len(users), f"{len(found)} rows for {len(users)} users"
+    expected = pa.array([f"d-{user}" for user in users])
+    assert pc.count_distinct(found).as_py() == len(users), "a device is in the report twice"
+    missing = len(found) - (pc.sum(pc.is_in(found, value_set=expected)).as_py() or 0)
+    assert not missing, f"{missing} report rows name a device that was not targeted"
+    return len(found)
 
 
 def _at(moment: datetime | None) -> float:
@@ -269,12 +296,19 @@ async def _share_runs(request_id: str) -> list[uuid.UUID]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
+    found: list[uuid.UUID] = []
     async with get_client() as client:
-        runs = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"request:{request_id}"])),
-            limit=200,
-        )
-    return [run.id for run in runs]
+        while True:
+            page = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=[f"request:{request_id}"])
+                ),
+                offset=len(found),
+                limit=200,
+            )
+            found += [run.id for run in page]
+            if len(page) < 200:
+                return found
 
 
 def stages(run: Run) -> tuple[list[tuple[str, float]], list[str]]:
@@ -380,6 +414,8 @@ def main() -> None:
     with stack_and_responder(platform) as (home, responder):
         print(f"stack up, provider {responder}; seeding {args.users:,} users …", flush=True)
         audience = seed_audience(args.users, platform=platform)
+        upload = home / "batch.csv"
+        upload.write_bytes(csv_bytes(audience.users))
         token = member_token(audience.org_id)
         api_port = free_port()
         api = start_process(home, "api", [*cli, "api"], CT_API_PORT=str(api_port))
@@ -392,7 +428,7 @@ def main() -> None:
             spies = Spies(args.profile, {"worker": worker.process.pid, "api": api.pid})
             processes = stack_processes(worker.process.pid, api.pid)
             cpu_before = cpu_seconds(processes)
-            run = upload_to_report(base, token, audience)
+            run = upload_to_report(base, token, audience.campaign_id, upload, audience.users)
             cpu_used = cpu_seconds(processes)
             spies.stop()
             api_peak = api_rss.stop()

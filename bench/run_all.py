@@ -67,6 +67,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "chunk_overhead": (["--chunks", "4", "--rounds", "1"], []),
     "request_rate": (["--rates", "5", "--seconds", "5", "--reference-runs", "8"], []),
     "million": (["--users", "20000"], []),
+    "gigabyte": (["--bytes", "2000000", "--reference-users", "10000"], []),
     "api_creates": (["--rates", "10", "25", "--seconds", "4", "--workers", "1"], []),
 }
 SHARED = (
@@ -76,6 +77,7 @@ SHARED = (
     "chunk_overhead",
     "request_rate",
     "million",
+    "gigabyte",
     "api_creates",
 )
 SETUP_NOTE = "(set-up: Prefect server, database, deployments; CPU: its server's throughout)"
