@@ -293,8 +293,6 @@ def token_of(user: str) -> str:
 def seed_audience(count: int, *, batch: int = 50_000, platform: str = "android") -> Audience:
     """An organisation, an app (Android unless ``platform`` says ``ios``), a started
     campaign and ``count`` users with one device each."""
-    from sqlalchemy import insert
-
     from campaign_trigger.store.db import session_scope
     from campaign_trigger.store.models import (
         App,
@@ -327,22 +325,26 @@ def seed_audience(count: int, *, batch: int = 50_000, platform: str = "android")
         session.add(CampaignApp(campaign_id=campaign.id, app_id=app.app_id))
         org_id, campaign_id, app_id = org.id, campaign.id, app.app_id
     users = [f"user-{n:08d}" for n in range(count)]
-    now = datetime.now(UTC)
+    with session_scope() as session:
+        dialect = session.get_bind().dialect
+    # Plain tuples through the driver, the timestamp bound once as the ORM binds it: the
+    # gigabyte's 26 M devices took ~30 µs a row as ORM dicts.
+    updated_at = Device.__table__.c.updated_at.type  # type: ignore[attr-defined]
+    bind = updated_at.dialect_impl(dialect).bind_processor(dialect)
+    stamp = bind(datetime.now(UTC)) if bind else datetime.now(UTC)
+    statement = (
+        "INSERT INTO device (app_id, device_id, user_id, push_token, opted_in, logged_in, "
+        "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    )
+    if dialect.paramstyle != "qmark":
+        statement = statement.replace("?", "%s")
     for start in range(0, count, batch):
         rows = [
-            {
-                "app_id": app_id,
-                "device_id": f"d-{user}",
-                "user_id": user,
-                "push_token": token_of(user),
-                "opted_in": True,
-                "logged_in": True,
-                "updated_at": now,
-            }
+            (app_id, f"d-{user}", user, token_of(user), True, True, stamp)
             for user in users[start : start + batch]
         ]
         with session_scope() as session:
-            session.execute(insert(Device), rows)
+            session.connection().exec_driver_sql(statement, rows)
     return Audience(org_id=org_id, campaign_id=campaign_id, users=users)
 
 
