@@ -8,10 +8,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from prefect import get_client
+from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect.states import Completed, Running
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.flows import fan_out
+from campaign_trigger.services import prefect_runs
 from delivery_support import (
     add_devices,
     add_request,
@@ -76,3 +79,20 @@ async def test_a_large_request_is_delivered_through_subflow_shares(
     assert sorted(r["user_id"] for r in rows[tenant.android]) == sorted(audience.users)
     per_token = sandbox_stats(sandbox_url)["per_token"]
     assert [per_token.get(d.token) for d in audience.devices] == [1] * len(audience.devices)
+
+
+@flow(name="fan-out-share-probe")
+def _share_probe() -> None:
+    """A stand-in flow for shares whose states the test sets."""
+
+
+async def test_every_share_is_read_past_a_page_of_flow_runs(prefect_server: object) -> None:
+    # 26 M recipients make 520 shares; Prefect answers at most 200 runs a read.
+    count = prefect_runs.PAGE_LIMIT + 1
+    async with get_client() as client:
+        runs = [await client.create_flow_run(_share_probe, state=Completed()) for _ in range(count)]
+        first = runs[0].id  # the earliest share, on the last page read
+        await client.set_flow_run_state(first, Running(), force=True)
+        assert not await fan_out._all_ended([r.id for r in runs])
+        await client.set_flow_run_state(first, Completed(), force=True)
+        assert await fan_out._all_ended([r.id for r in runs])
