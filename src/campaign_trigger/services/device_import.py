@@ -238,6 +238,9 @@ def _copy_postgres(
     raw = connection.connection.driver_connection  # psycopg 3
     total = len(devices)
     with raw.cursor() as cursor:
+        # this transaction only: the joins hash a million devices (~150 MB; a hash may
+        # take twice work_mem) in memory rather than in batches through temporary files
+        cursor.execute("SET LOCAL work_mem = '128MB'")
         cursor.execute(
             "CREATE TEMP TABLE device_import (device_id text, user_id text, push_token text,"
             " opted_in boolean, logged_in boolean) ON COMMIT DROP"
