@@ -14,8 +14,10 @@ The upsert is :func:`campaign_trigger.services.devices.refresh`'s rule in SQL: a
 push token clears ``unregistered_at``; ``uninstalled_at`` is cleared; ``updated_at``
 is now; the device secret is kept. A device the file repeats exactly (same user, token
 and flags, not uninstalled) is left as it is, ``updated_at`` included: the nightly
-re-import of a whole base rewrites only what changed (PostgreSQL: 1 M unchanged
-devices in a fraction of the 23 s a rewrite of every row takes).
+re-import of a whole base rewrites only what changed (PostgreSQL, quiet: 1 M unchanged
+devices in 4.9 s). On PostgreSQL the device table keeps half of each page free
+(migration 0007), so a changed row's new version stays on its page and no index is
+touched when no indexed column changed (a new token: a HOT update).
 """
 
 from __future__ import annotations
@@ -238,6 +240,9 @@ def _copy_postgres(
     raw = connection.connection.driver_connection  # psycopg 3
     total = len(devices)
     with raw.cursor() as cursor:
+        # this transaction only: the joins hash a million devices (~150 MB; a hash may
+        # take twice work_mem) in memory rather than in batches through temporary files
+        cursor.execute("SET LOCAL work_mem = '128MB'")
         cursor.execute(
             "CREATE TEMP TABLE device_import (device_id text, user_id text, push_token text,"
             " opted_in boolean, logged_in boolean) ON COMMIT DROP"

@@ -227,6 +227,8 @@ class Device(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("app_id", "device_id"),
         Index("ix_device_app_user", "app_id", "user_id"),
+        # half of each page free: a re-import's new tokens are HOT updates (migration 0007)
+        {"postgresql_with": {"fillfactor": 50}},
     )
 
     id: int | None = Field(default=None, primary_key=True)
