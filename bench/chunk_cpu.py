@@ -1,22 +1,24 @@
 """The worker's CPU per message on the chunk path, on fixed data, without Prefect.
 
-What ``bench/million.py`` measures end to end, minus Prefect and the other processes:
-a send-now CSV request of ``--users`` users (one Android device each, FCM answered by a
-bare nginx) is claimed here and its chunks are delivered by ``process_chunk`` as the
-``deliver chunk`` task does (read the chunk, audience, render, send, record), in
-``--lanes`` concurrent lanes (a worker runs two shares at a time by default), then its
-report files are written as ``assemble report`` does. This process's CPU time (all its
-threads; nginx is another process) is printed per message for each phase, so a cut's
-figure before → after is the same data and ignores the machine's load. A warm-up
-request of one chunk goes first (imports, connections), after the garbage collector is
-set up as the worker sets it (``settle_collector``).
+What ``bench/million.py`` measures end to end, minus Prefect and the other processes: a
+send-now CSV request of ``--users`` users (one Android device each, FCM answered by a
+bare nginx; with ``--ios`` one iOS device each, APNs over TLS + h2 answered by nginx as
+``bench/million.py --ios`` configures it) is claimed here and its chunks are delivered
+by ``process_chunk`` as the ``deliver chunk`` task does (read the chunk, audience,
+render, send, record), in ``--lanes`` concurrent lanes (a worker runs two shares at a
+time by default), then its report files are written as ``assemble report`` does. This
+process's CPU time (all its threads; nginx is another process) is printed per message
+for each phase, so a cut's figure before → after is the same data and ignores the
+machine's load. A warm-up request of one chunk goes first (imports, connections), after
+the garbage collector is set up as the worker sets it (``settle_collector``).
 
 ``--postgres`` uses a throwaway database on the local PostgreSQL server (its server's
 CPU is not counted); ``--reports DIR`` copies the report files there (to compare them);
 ``--profile FILE`` samples the measured phases with py-spy (``--gil``, raw stacks: one
 line per stack and its count; py-spy needs root).
 
-Usage: ``.venv/bin/python bench/chunk_cpu.py [--users 100000] [--lanes 2] [--postgres]``.
+Usage: ``.venv/bin/python bench/chunk_cpu.py [--users 100000] [--lanes 2] [--ios]
+[--postgres]``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from harness import (
@@ -44,6 +47,7 @@ from harness import (
     postgres_database,
     seed_audience,
 )
+from million import nginx_http2_responder
 
 
 def claim(request_id: str) -> object:
@@ -155,25 +159,35 @@ def stop_profile(profiler: subprocess.Popen[bytes]) -> None:
     profiler.wait(timeout=60)
 
 
+@contextmanager
+def responder(home: Path, *, ios: bool) -> Iterator[None]:
+    """nginx answering FCM, or APNs over TLS + h2 (``ios``); the environment points the
+    service's global credentials at it."""
+    if ios:
+        with nginx_http2_responder(home) as url:
+            os.environ["CT_APNS_BASE_URL"] = url
+            yield
+        return
+    with nginx_responder() as url:
+        os.environ["CT_FCM_BASE_URL"] = url
+        os.environ["CT_FCM_TOKEN_URI"] = f"{url}/token"
+        yield
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--ios", action="store_true", help="iOS devices, APNs over TLS + h2")
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--reports", type=Path, help="copy the report files into DIR")
     parser.add_argument("--profile", type=Path, help="py-spy raw stacks into FILE")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="ct-chunk-cpu-"))
-    with ExitStack() as stack, nginx_responder() as responder:
+    os.environ.update({"CT_HOME": str(home), "CT_SECRET_KEY": uuid.uuid4().hex * 2})
+    with ExitStack() as stack:
         stack.callback(shutil.rmtree, home, ignore_errors=True)
-        os.environ.update(
-            {
-                "CT_HOME": str(home),
-                "CT_SECRET_KEY": uuid.uuid4().hex * 2,
-                "CT_FCM_BASE_URL": responder,
-                "CT_FCM_TOKEN_URI": f"{responder}/token",
-            }
-        )
+        stack.enter_context(responder(home, ios=args.ios))
         if args.postgres:
             database = stack.enter_context(postgres_database())
             os.environ["CT_DATABASE_URL"] = f"{POSTGRES}/{database}"
@@ -183,7 +197,7 @@ def main() -> None:
 
         get_settings.cache_clear()
         upgrade(get_settings().database_url)
-        audience: Audience = seed_audience(args.users)
+        audience: Audience = seed_audience(args.users, platform="ios" if args.ios else "android")
         warm = claim(create_csv_request(audience, csv_bytes(audience.users[:5000])))
         plan = claim(create_csv_request(audience, csv_bytes(audience.users)))
         settle_collector()
@@ -205,7 +219,7 @@ def main() -> None:
     assert sent == rows == args.users, (sent, rows)
     per = 1e6 / args.users
     print(
-        f"{args.users} messages, {args.lanes} lanes, "
+        f"{args.users} {'iOS' if args.ios else 'Android'} messages, {args.lanes} lanes, "
         f"{'PostgreSQL' if args.postgres else 'SQLite'}, load {load:.1f} → "
         f"{os.getloadavg()[0]:.1f}: chunks {chunks_cpu * per:.1f} µs CPU/msg "
         f"({chunks_wall:.1f} s wall), report {report_cpu * per:.1f} µs CPU/msg, "

@@ -21,6 +21,7 @@ import asyncio
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -206,10 +207,13 @@ class ApnsProvider(RetryingSender):
 
 
 def _path(message: PushMessage) -> bytes:
-    token = message.token.encode()
-    if not _PLAIN_TOKEN.fullmatch(token):
-        token = quote(message.token, safe="").encode()
-    return b"/3/device/" + token
+    token = message.token
+    if token.isascii() and token.isalnum():  # APNs' own form, hex digits: as it is
+        return b"/3/device/" + token.encode()
+    encoded = token.encode()
+    if not _PLAIN_TOKEN.fullmatch(encoded):
+        encoded = quote(token, safe="").encode()
+    return b"/3/device/" + encoded
 
 
 def _answer(response: CurlResponse, token: str) -> Answer:
@@ -224,7 +228,8 @@ class _CurlBatch:
     its answer judged there: a final one (sent, or refused for good) is the result at
     once. Anything else — a retry, an expired JWT, a refusal of the credentials, a
     failed stream — goes on in a task running :meth:`RetryingSender._send_one` from that
-    first outcome, as do the results awaiting ``on_result``. Slots as in
+    first outcome. The results settled at once go to ``on_result`` through a few
+    long-lived recorder tasks (``_recorder``). Slots as in
     :meth:`RetryingSender._send_all`: one per message from its send until its result
     is recorded; all given back when the call ends, even cancelled.
 
@@ -256,6 +261,8 @@ class _CurlBatch:
         self._waiter: asyncio.Future[None] | None = None  # queued for a slot
         self._pumping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._to_record: deque[PushResult] = deque()  # settled at once, for on_result
+        self._idle: list[asyncio.Future[None]] = []  # recorders waiting for one
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._answer_cb = self._answered  # one bound method for every request
 
@@ -372,13 +379,27 @@ class _CurlBatch:
         self._results[index] = result
         if self._on_result is None:
             self._finished()
+            return
+        self._to_record.append(result)
+        if self._idle:
+            self._idle.pop().set_result(None)
         else:
-            self._spawn(self._record(result))
+            self._spawn(self._recorder(self._on_result))
 
-    async def _record(self, result: PushResult) -> None:
-        assert self._on_result is not None
-        await self._on_result(result)
-        self._finished()
+    async def _recorder(self, on_result: OnResult) -> None:
+        """Await ``on_result`` for the results settled at once, then wait for more: a
+        few of these for the whole call, as many as results are being recorded at a
+        time, rather than a task per message (its creation, its coroutine, its end
+        callback: a few µs each, and GC-tracked while the outcome awaits its commit)."""
+        to_record = self._to_record
+        loop = asyncio.get_running_loop()
+        while True:
+            while to_record:  # woken for one result, it may find another lane took it
+                await on_result(to_record.popleft())
+                self._finished()
+            idle = loop.create_future()
+            self._idle.append(idle)
+            await idle
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
