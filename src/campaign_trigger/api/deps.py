@@ -107,7 +107,7 @@ CurrentAccount = Annotated[Identity, Depends(current_identity)]
 def _identified_with_quota(request: Request, session: Session, settings: Settings) -> Identity:
     identity = _identify(request, session, settings)
     try:
-        state = quota.consume(session=session, org_id=identity.org_id)
+        state = quota.consume(session=session, org_id=identity.org_id, known=identity.allowance)
         session.commit()  # counted whatever the call's outcome
     except QuotaExceeded:
         metrics.QUOTA_REFUSALS.inc()

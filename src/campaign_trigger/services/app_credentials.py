@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from typing import Final
 
 from sqlmodel import Session, col, select
@@ -39,6 +38,7 @@ from campaign_trigger.delivery.credentials import (
     public_key_sha256,
 )
 from campaign_trigger.errors import AdminError, InvalidInput
+from campaign_trigger.services import audience
 from campaign_trigger.services.sealed import SealError, seal, unseal
 from campaign_trigger.store.models import (
     ApnsEnvironment,
@@ -245,10 +245,15 @@ def provider_credentials(
     return fcm_credentials(settings) if android else apns_credentials(settings)
 
 
-def check_sendable(*, session: Session, settings: Settings, app_ids: Sequence[str]) -> None:
-    """Production mode: refuse, naming the first app of ``app_ids`` without credentials."""
+def check_sendable(*, session: Session, settings: Settings, campaign_id: str) -> None:
+    """Production mode: refuse, naming the first app of the campaign without credentials.
+
+    Outside production mode, no query (a create's campaign check is one read)."""
     if not settings.require_app_credentials:
         return
+    app_ids = [
+        app.app_id for app in audience.campaign_apps(session=session, campaign_id=campaign_id)
+    ]
     rows = session.exec(select(App).where(col(App.app_id).in_(app_ids))).all()
     own = set(
         session.exec(

@@ -6,7 +6,9 @@ secret by HKDF), never with the key of signed links.
 A token names its account (``sub``), organisation and a unique ``jti``; it expires after
 ``settings.token_ttl_seconds``. Signing out stores the ``jti`` in ``RevokedToken`` until
 the token would have expired anyway. The account is read again on every call, so a
-deleted account or a changed role takes effect at once.
+deleted account, a changed role or a revoked token takes effect at once: one statement
+reads the account, whether the token is revoked and the organisation's quota
+(:class:`quota.Allowance`, which the API then takes a unit of).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jwt
+from sqlalchemy import Select, bindparam, exists
 from sqlmodel import Session, col, delete, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import Forbidden, SignInThrottled, Unauthenticated
 from campaign_trigger.services import throttle
 from campaign_trigger.services.passwords import hash_password, verify_password
+from campaign_trigger.services.quota import Allowance
 from campaign_trigger.store.models import Account, Organisation, RevokedToken, Role
 
 __all__ = [
@@ -50,7 +54,8 @@ _DUMMY_HASH = hash_password("not-a-real-password")
 
 @dataclass(frozen=True)
 class Identity:
-    """Who is calling: the account, its organisation and the token's id and expiry."""
+    """Who is calling: the account, its organisation and the token's id and expiry, and
+    the organisation's quota as read with them (None if the organisation is gone)."""
 
     account_id: int
     org_id: int
@@ -58,6 +63,7 @@ class Identity:
     role: Role
     jti: str
     expires_at: datetime
+    allowance: Allowance | None
 
 
 def authenticate(*, session: Session, email: str, password: str) -> Account:
@@ -126,25 +132,54 @@ def _claims(*, settings: Settings, token: str) -> dict[str, Any]:
     return claims
 
 
+def _caller_statement() -> Select[Any]:
+    """The account (``caller_account``), whether the token (``caller_jti``) is revoked,
+    and its organisation's quota: one row, or none if the account is gone."""
+    revoked = exists().where(col(RevokedToken.jti) == bindparam("caller_jti"))
+    statement: Select[Any] = (
+        select(  # type: ignore[call-overload]
+            col(Account.id),
+            col(Account.org_id),
+            col(Account.email),
+            col(Account.role),
+            revoked,
+            col(Organisation.request_quota),
+            col(Organisation.quota_period),
+        )
+        .outerjoin(Organisation, col(Organisation.id) == col(Account.org_id))
+        .where(col(Account.id) == bindparam("caller_account"))
+    )
+    return statement
+
+
+_CALLER = _caller_statement()
+
+
 def identity_from_token(*, session: Session, settings: Settings, token: str) -> Identity:
     """The caller a token names; Unauthenticated when forged, expired, revoked or orphaned."""
     claims = _claims(settings=settings, token=token)
-    if session.get(RevokedToken, claims["jti"]) is not None:
-        raise Unauthenticated(BAD_TOKEN)
     try:
         account_id = int(claims["sub"])
     except ValueError as exc:
         raise Unauthenticated(BAD_TOKEN) from exc
-    account = session.get(Account, account_id)
-    if account is None or account.id is None:
+    row = (
+        session.connection()
+        .execute(_CALLER, {"caller_jti": claims["jti"], "caller_account": account_id})
+        .first()
+    )
+    if row is None:
+        raise Unauthenticated(BAD_TOKEN)
+    found_id, org_id, email, role, revoked, limit, period_kind = row
+    if revoked:
         raise Unauthenticated(BAD_TOKEN)
     return Identity(
-        account_id=account.id,
-        org_id=account.org_id,
-        email=account.email,
-        role=Role(account.role),
+        account_id=found_id,
+        org_id=org_id,
+        email=email,
+        role=Role(role),
         jti=claims["jti"],
         expires_at=datetime.fromtimestamp(int(claims["exp"]), UTC),
+        allowance=None if limit is None else Allowance(limit=limit, period_kind=period_kind),
     )
 
 

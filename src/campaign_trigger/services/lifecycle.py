@@ -16,8 +16,9 @@ import asyncio
 import logging
 
 from prefect.client.schemas.objects import StateType
-from sqlalchemy import update
+from sqlalchemy import func, tuple_, update
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
@@ -92,7 +93,7 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
         if state is not None and state.type in (StateType.CANCELLED, StateType.CANCELLING):
             await asyncio.to_thread(_mark_canceled, session, request_id)
             raise RequestStateError(ALREADY_CANCELED)
-        cancelled = await prefect_runs.cancel_if_scheduled(client, request.flow_run_id)
+        cancelled = await prefect_runs.cancel_if_scheduled(client, request.flow_run_id, run=run)
         if not cancelled:
             run = await prefect_runs.read_run(client, request.flow_run_id)
             if run.state is not None and run.state.type == StateType.CANCELLED:
@@ -105,21 +106,60 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
     return request
 
 
-def _campaign_requests(session: Session, *, org_id: int, campaign_id: str) -> list[Request]:
-    """The campaign's requests the mirror still calls scheduled or running."""
+def _open_requests(*, org_id: int, campaign_id: str) -> SelectOfScalar[Request]:
+    """The campaign's requests the mirror still calls scheduled or running, soonest first
+    (the id breaks ties, so that a page can resume after any row)."""
+    return (
+        select(Request)
+        .where(Request.campaign_id == campaign_id)
+        .where(Request.org_id == org_id)
+        .where(col(Request.state).in_(OPEN))
+        .order_by(col(Request.send_at), col(Request.requested_at), col(Request.id))
+    )
+
+
+def _first_candidates(
+    session: Session, *, org_id: int, campaign_id: str, count: int
+) -> tuple[list[Request], int]:
+    """The first ``count`` open requests of the campaign, and how many open requests the
+    mirror calls scheduled in all (counted by the same statement)."""
     if lookup.org_campaign(session=session, org_id=org_id, campaign_id=campaign_id) is None:
         raise CampaignNotFound(f"Campaign with identifier {campaign_id} was not found")
+    scheduled = func.count().filter(col(Request.state) == RequestState.scheduled).over()
+    rows = session.execute(
+        _open_requests(org_id=org_id, campaign_id=campaign_id).add_columns(scheduled).limit(count)
+    ).all()
+    session.commit()
+    return [request for request, _ in rows], rows[0][1] if rows else 0
+
+
+def _more_candidates(
+    session: Session, *, org_id: int, campaign_id: str, after: Request, count: int
+) -> list[Request]:
+    """The next ``count`` open requests of the campaign after ``after``."""
+    resume = tuple_(col(Request.send_at), col(Request.requested_at), col(Request.id)) > tuple_(
+        after.send_at, after.requested_at, after.id
+    )
     requests = list(
         session.exec(
-            select(Request)
-            .where(Request.campaign_id == campaign_id)
-            .where(Request.org_id == org_id)
-            .where(col(Request.state).in_(OPEN))
-            .order_by(col(Request.send_at), col(Request.requested_at))
+            _open_requests(org_id=org_id, campaign_id=campaign_id).where(resume).limit(count)
         ).all()
     )
     session.commit()
     return requests
+
+
+def _mirrored_page(
+    session: Session, *, org_id: int, campaign_id: str, limit: int, offset: int
+) -> tuple[list[Request], int]:
+    """The page as the mirror has it, and its total (when Prefect cannot be asked)."""
+    mirrored = _open_requests(org_id=org_id, campaign_id=campaign_id).where(
+        col(Request.state) == RequestState.scheduled
+    )
+    page = list(session.exec(mirrored.limit(limit).offset(offset)).all())
+    total = session.exec(select(func.count()).select_from(mirrored.order_by(None).subquery()))
+    session.commit()
+    return page, total.one()
 
 
 Corrections = dict[str, tuple[RequestState, RequestState]]  # request -> (seen, wanted)
@@ -140,23 +180,40 @@ async def scheduled_requests(
     """The campaign's requests whose flow run is Scheduled (or still in the outbox).
 
     Prefect is asked about the requests up to the page's end only, a window of as many
-    runs as the page still lacks at a time (:data:`prefect_runs.PAGE_LIMIT` at most), so a
-    list costs what its page costs, not the campaign's whole backlog: the
+    runs as the page still lacks at a time (:data:`prefect_runs.PAGE_LIMIT` at most), and
+    the database is read up to the page's end too (more only when Prefect left some
+    out), so a list costs what its page costs, not the campaign's whole backlog: the
     mirror says which requests are scheduled, and a request the mirror calls scheduled
     but whose run is not (started, or cancelled in the UI) is corrected and left out.
     The total counts the requests checked, plus those beyond the page the mirror calls
     scheduled (corrected in turn when a page reaches them)."""
-    candidates = await asyncio.to_thread(
-        _campaign_requests, session, org_id=org_id, campaign_id=campaign_id
+    wanted = offset + limit
+    candidates, scheduled_total = await asyncio.to_thread(
+        _first_candidates, session, org_id=org_id, campaign_id=campaign_id, count=wanted
     )
+    exhausted = len(candidates) < wanted
     listed: list[Request] = []
     corrections: Corrections = {}
     checked = 0
     try:
         async with prefect_runs.client() as client:
-            while checked < len(candidates) and len(listed) < offset + limit:
-                lacking = min(offset + limit - len(listed), prefect_runs.PAGE_LIMIT)
+            while len(listed) < wanted:
+                lacking = min(wanted - len(listed), prefect_runs.PAGE_LIMIT)
+                short = checked + lacking - len(candidates)
+                if short > 0 and not exhausted:
+                    more = await asyncio.to_thread(
+                        _more_candidates,
+                        session,
+                        org_id=org_id,
+                        campaign_id=campaign_id,
+                        after=candidates[-1],
+                        count=short,
+                    )
+                    exhausted = len(more) < short
+                    candidates += more
                 window = candidates[checked : checked + lacking]
+                if not window:
+                    break
                 checked += len(window)
                 scheduled_ids = await prefect_runs.scheduled_among(
                     client, [r.flow_run_id for r in window if r.flow_run_id is not None]
@@ -168,20 +225,27 @@ async def scheduled_requests(
                     elif r.state == RequestState.scheduled:
                         # The mirror says scheduled, Prefect does not: correct the mirror.
                         run = await prefect_runs.read_run(client, r.flow_run_id)
-                        wanted = request_states.mirror_of(
+                        wanted_state = request_states.mirror_of(
                             run.state.type if run.state else None,
                             has_reports=bool(r.report_paths),
                         )
-                        if wanted is not None and wanted != r.state:
-                            corrections[r.id] = (r.state, wanted)
+                        if wanted_state is not None and wanted_state != r.state:
+                            corrections[r.id] = (r.state, wanted_state)
     except Exception as exc:  # Prefect unreachable: the mirror is the best answer we have
         logger.warning("scheduled list from the database mirror: %r", exc)
-        mirrored = [r for r in candidates if r.state == RequestState.scheduled]
-        return mirrored[offset : offset + limit], len(mirrored)
+        return await asyncio.to_thread(
+            _mirrored_page,
+            session,
+            org_id=org_id,
+            campaign_id=campaign_id,
+            limit=limit,
+            offset=offset,
+        )
+    # before the corrections, which update these very objects
+    seen = sum(1 for r in candidates[:checked] if r.state == RequestState.scheduled)
     if corrections:
         await asyncio.to_thread(_correct, session, corrections)
-    beyond = sum(1 for r in candidates[checked:] if r.state == RequestState.scheduled)
-    return listed[offset : offset + limit], len(listed) + beyond
+    return listed[offset:wanted], len(listed) + max(0, scheduled_total - seen)
 
 
 def _request_and_channel(

@@ -212,9 +212,15 @@ async def cancel_claimed(client: PrefectClient, flow_run_id: UUID | str, *, mess
         await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
 
 
-async def cancel_if_scheduled(client: PrefectClient, flow_run_id: UUID | str) -> bool:
-    """The race-free cancel of prefect-facts.md: claim, then cancel. False if it started."""
-    run = await client.read_flow_run(UUID(str(flow_run_id)))
+async def cancel_if_scheduled(
+    client: PrefectClient, flow_run_id: UUID | str, *, run: FlowRun | None = None
+) -> bool:
+    """The race-free cancel of prefect-facts.md: claim, then cancel. False if it started.
+
+    ``run``: the run as the caller just read it, else read here (the claim is what is
+    race-free, not the read)."""
+    if run is None:
+        run = await client.read_flow_run(UUID(str(flow_run_id)))
     state = run.state
     if state is None:
         return False

@@ -28,7 +28,7 @@ from sqlmodel import Session, select
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, CampaignNotReady, Conflict, InvalidInput
 from campaign_trigger.schemas.preview import TriggerPreview
-from campaign_trigger.services import app_credentials, audience, lookup, preview, scheduling
+from campaign_trigger.services import app_credentials, lookup, preview, scheduling
 from campaign_trigger.services.ingest import ingest_message_file
 from campaign_trigger.services.json_text import as_text
 from campaign_trigger.services.message_file import write_messages
@@ -270,10 +270,7 @@ def _checked(
     campaign_id = check_campaign_id(trigger.campaign_id)
     campaign = ready_campaign(session=session, org_id=org_id, campaign_id=campaign_id)
     if campaign.channel == Channel.push:
-        apps = audience.campaign_apps(session=session, campaign_id=campaign_id)
-        app_credentials.check_sendable(
-            session=session, settings=settings, app_ids=[app.app_id for app in apps]
-        )
+        app_credentials.check_sendable(session=session, settings=settings, campaign_id=campaign_id)
     session.commit()  # hold no transaction open while a large file is checked
     variables = list(campaign.variables)
     send_at = resolve_send_at(trigger.send_at, now=now)
@@ -340,12 +337,15 @@ def _checked(
 
 
 def _store(session: Session, request: Request, messages: list[dict[str, Any]]) -> None:
-    """The request and its JSON messages, committed together."""
-    session.add(request)
-    session.flush()
+    """The request and its JSON messages, committed together.
+
+    Core inserts on the session's connection: nothing reads the request back through
+    this session, and the ORM's unit of work cost more than the statements."""
+    connection = session.connection()
+    connection.execute(insert(Request.__table__), [request.model_dump()])  # type: ignore[attr-defined]
     if messages:
-        session.execute(
-            insert(RequestMessage),
+        connection.execute(
+            insert(RequestMessage.__table__),  # type: ignore[attr-defined]
             [
                 {
                     "request_id": request.id,

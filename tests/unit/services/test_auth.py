@@ -21,6 +21,7 @@ from campaign_trigger.services.auth import (
     revoke_token,
     verify_password,
 )
+from campaign_trigger.services.quota import Allowance
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Account, Organisation, RevokedToken, Role
 
@@ -102,3 +103,31 @@ def test_revocation_forgets_tokens_that_expired_anyway(account: Account) -> None
         revoke_token(session=session, identity=identity)
     with session_scope() as session:
         assert session.get(RevokedToken, "long-gone") is None
+
+
+def test_each_call_reads_the_account_its_revocation_and_its_quota_afresh(
+    account: Account,
+) -> None:
+    settings = get_settings()
+    header = f"Bearer {issue_token(settings=settings, account=account)}"
+    with session_scope() as session:
+        identity = identity_from_header(session=session, settings=settings, authorization=header)
+        assert identity.allowance == Allowance(limit=10_000, period_kind="monthly")
+        org = session.get(Organisation, account.org_id)
+        assert org is not None
+        org.request_quota, org.quota_period = 5, "daily"
+        member = session.get(Account, account.id)
+        assert member is not None
+        member.role = Role.admin
+    with session_scope() as session:  # the next call sees the changes: nothing is cached
+        identity = identity_from_header(session=session, settings=settings, authorization=header)
+        assert identity.allowance == Allowance(limit=5, period_kind="daily")
+        assert identity.role == Role.admin
+        revoke_token(session=session, identity=identity)
+    with session_scope() as session, pytest.raises(Unauthenticated):
+        identity_from_header(session=session, settings=settings, authorization=header)
+    with session_scope() as session:
+        session.delete(session.get(RevokedToken, identity.jti))
+        session.delete(session.get(Account, account.id))
+    with session_scope() as session, pytest.raises(Unauthenticated):
+        identity_from_header(session=session, settings=settings, authorization=header)
