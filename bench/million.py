@@ -311,6 +311,19 @@ async def _share_runs(request_id: str) -> list[uuid.UUID]:
                 return found
 
 
+def _in_flight(chunks: list[Any]) -> dict[int, float]:
+    """Seconds with 0, 1, 2 … chunk task runs in flight, first start -> last end."""
+    edges = sorted(
+        [(_at(t.start_time), 1) for t in chunks] + [(_at(t.end_time), -1) for t in chunks]
+    )
+    seconds: dict[int, float] = {}
+    count, since = 0, edges[0][0]
+    for moment, step in edges:
+        seconds[count] = seconds.get(count, 0.0) + moment - since
+        count, since = count + step, moment
+    return seconds
+
+
 def stages(run: Run) -> tuple[list[tuple[str, float]], list[str]]:
     """Each stage's seconds, from what Prefect and the service stored; and details."""
     from sqlalchemy import func, select
@@ -346,11 +359,14 @@ def stages(run: Run) -> tuple[list[tuple[str, float]], list[str]]:
         ("until the links answer", run.links - _at(report.end_time)),
     ]
     sending = _at(last_send) - _at(first_send)
+    lanes = _in_flight(chunks)
     details = [
         f"chunks' delivery: {len(chunks)} chunk task runs in {len(shares)} deliver-chunks "
         f"runs; first chunk started {chunk_start - prepared:.1f} s after prepare; "
         f"{chunk_busy / len(chunks):.2f} s per chunk, {chunk_busy / (chunk_end - chunk_start):.1f} "
         f"chunks in flight on average",
+        "chunks in flight (s): "
+        + ", ".join(f"{count}: {seconds:.1f}" for count, seconds in sorted(lanes.items())),
         f"first send -> last send {sending:.1f} s ({run.report_rows / sending:,.0f} msgs/s); "
         f"first send {_at(first_send) - run.started:.1f} s after the upload began",
         f"report: assemble report task run {_at(report.end_time) - _at(report.start_time):.1f} s",

@@ -29,7 +29,9 @@ import os
 import re
 import signal
 import socket
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -55,7 +57,8 @@ from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployment
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
-CHUNKS_POLL_FACTOR = 4
+CHUNKS_IDLE_POLL_FACTOR = 4
+KEEP_READY_SECONDS = 30.0
 
 
 def new_worker_name() -> str:
@@ -86,6 +89,8 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         prefetch_seconds: float = 1.5,
         heartbeat_seconds: int = 10,
         name: str | None = None,
+        idle_poll_factor: int = 1,
+        process_busy: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__(
             work_pool_name=catalog.DELIVERY_POOL,
@@ -99,6 +104,27 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
+        self.idle_poll_factor, self._process_busy = idle_poll_factor, process_busy
+        self._ticks, self._polled = 0, 0.0
+
+    def worth_polling(self) -> bool:
+        """Whether this tick polls the pool for due runs: not while every slot is taken
+        (nothing could be taken), nor, while the process runs nothing, at ticks other
+        than every ``idle_poll_factor``-th (the chunks queue: its shares are made by a
+        request running, here or on another worker); but at least every
+        ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s as not ready)."""
+        self._ticks += 1
+        if time.monotonic() - self._polled >= KEEP_READY_SECONDS:
+            return True
+        if self._limiter is not None and self._limiter.available_tokens < 1:
+            return False
+        return self._ticks % self.idle_poll_factor == 0 or self._process_busy()
+
+    async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        if not self.worth_polling():
+            return []
+        self._polled = time.monotonic()
+        return await super().get_and_submit_flow_runs()
 
     @property
     def claim_message(self) -> str:
@@ -159,6 +185,11 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         finally:
             self._release_limit_slot(flow_run.id)
             self._forget_submission(flow_run.id)
+        if self.queue == "chunks":  # the next share of a request takes the slot at once
+            try:
+                await self.get_and_submit_flow_runs()
+            except Exception as exc:  # the polling loop tries again on its own
+                logger.warning("poll after run %s failed: %r", flow_run.id, exc)
 
     async def _flow_of(self, flow_run: FlowRun) -> Flow[..., Any]:
         """The flow of the run's deployment, from the catalog (looked up once)."""
@@ -246,8 +277,13 @@ async def run_worker(
             name=f"{name}-{queue}",
             prefetch_seconds=prefetch_seconds,
             heartbeat_seconds=heartbeat_seconds,
+            idle_poll_factor=factor,
+            process_busy=lambda: any(worker.active for worker in workers),
         )
-        for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
+        for queue, limit, factor in (
+            ("default", concurrency, 1),
+            ("chunks", chunk_concurrency, CHUNKS_IDLE_POLL_FACTOR),
+        )
     ]
     # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
     # One Prefect client for every run (the engine would open one per run: a connection
@@ -257,13 +293,11 @@ async def run_worker(
         with temporary_settings(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
-            serving = [asyncio.create_task(workers[0].start(printer=logger.info))]
-            # The chunks queue holds the shares of large requests only: a slower poll there
-            # costs a share ~1 s on a request of many seconds, and the idle server less.
-            with temporary_settings(
-                {PREFECT_WORKER_QUERY_SECONDS: poll_seconds * CHUNKS_POLL_FACTOR}
-            ):
-                serving.append(asyncio.create_task(workers[1].start(printer=logger.info)))
+            # The chunks queue holds the shares of large requests only: while the process
+            # runs nothing, it is polled at every CHUNKS_IDLE_POLL_FACTOR-th tick (the idle
+            # server answers less); while it runs a request, at every tick (its shares
+            # start within one), and a share's end polls at once (the next share).
+            serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(
                 upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
             )
