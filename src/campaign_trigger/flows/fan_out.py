@@ -61,7 +61,7 @@ async def _start_shares(plan: DeliveryPlan, per_run: int) -> list[UUID]:
 
 async def _all_ended(run_ids: list[UUID]) -> bool:
     """Whether every share has ended: read a page of runs at a time (Prefect refuses a
-    larger one; a gigabyte's request has 520 shares), the latest shares first, as they
+    larger one; a gigabyte's request has 513 shares), the latest shares first, as they
     are the likeliest to be running, and the first page with one answers."""
     page = prefect_runs.PAGE_LIMIT
     async with get_client() as client:

@@ -87,7 +87,7 @@ def _share_probe() -> None:
 
 
 async def test_every_share_is_read_past_a_page_of_flow_runs(prefect_server: object) -> None:
-    # 26 M recipients make 520 shares; Prefect answers at most 200 runs a read.
+    # A gigabyte (25.6 M recipients) makes 513 shares; Prefect answers at most 200 runs a read.
     count = prefect_runs.PAGE_LIMIT + 1
     async with get_client() as client:
         runs = [await client.create_flow_run(_share_probe, state=Completed()) for _ in range(count)]
