@@ -217,16 +217,15 @@ def upload_to_report(api: str, token: str, campaign_id: str, upload: Path, users
     answered = time.time()
     created.raise_for_status()
     request_id = created.json()["request_id"]
-    while True:
-        answer = httpx.get(
-            f"{api}/api/campaigns/report",
-            params={"request_id": request_id},
-            headers=headers,
-            timeout=30,
-        )
-        if answer.status_code == 200:
-            break
-        time.sleep(0.1)
+    # One client for every poll: ``httpx.get`` builds a client (and its TLS context) per
+    # call, ~26 ms of CPU, so polling with it every 0.1 s took a fifth of a core from the
+    # stack being measured; a kept connection costs ~0.5 ms a poll.
+    with httpx.Client(headers=headers, timeout=30) as client:
+        while True:
+            answer = client.get(f"{api}/api/campaigns/report", params={"request_id": request_id})
+            if answer.status_code == 200:
+                break
+            time.sleep(0.1)
     links = time.time()
     rows = check_report(answer.json()["reports"], users)
     return Run(request_id, started, answered, links, rows)

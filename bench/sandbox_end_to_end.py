@@ -186,16 +186,13 @@ def upload_to_report(api: str, email: str, campaign_id: str, users: int) -> floa
     )
     created.raise_for_status()
     request_id = created.json()["request_id"]
-    while True:
-        answer = httpx.get(
-            f"{api}/api/campaigns/report",
-            params={"request_id": request_id},
-            headers={"Authorization": token},
-            timeout=30,
-        )
-        if answer.status_code == 200:
-            break
-        time.sleep(0.1)
+    # One client for every poll (``httpx.get`` costs ~26 ms of CPU a call: million.py).
+    with httpx.Client(headers={"Authorization": token}, timeout=30) as client:
+        while True:
+            answer = client.get(f"{api}/api/campaigns/report", params={"request_id": request_id})
+            if answer.status_code == 200:
+                break
+            time.sleep(0.1)
     elapsed = time.monotonic() - started
     rows = []
     for link in answer.json()["reports"]:
