@@ -108,6 +108,15 @@ class Settings(BaseSettings):
         description="A request of more chunks than this hands them to any worker, this "
         "many to a deliver-chunks subflow run; smaller requests run in their own run.",
     )
+    live_shares: int = Field(
+        default=32,
+        gt=0,
+        le=200,
+        description="The deliver-chunks runs a shared-out request keeps not yet ended; "
+        "the next is created as one ends. More than every worker's --chunk-concurrency "
+        "together, so no worker waits for a share; bounded, so the Prefect server's work "
+        "per second does not grow with the request (a gigabyte makes 513 shares).",
+    )
     delivery_concurrency: int = Field(default=256, gt=0)
     delivery_max_attempts: int = Field(default=4, gt=0)
     max_lateness_seconds: int = Field(default=24 * 3600, gt=0)

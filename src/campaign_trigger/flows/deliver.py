@@ -64,11 +64,13 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
         return Cancelled(message="The request was cancelled before its start")
     # Chunks prepare (audience, rendering, connections) before send_at and wait for it
     # just before their first send: never early, and no preparation after the bell.
-    per_run = get_settings().chunks_per_run
-    if plan.chunk_count > per_run:  # large: every worker takes a share
+    settings = get_settings()
+    if plan.chunk_count > settings.chunks_per_run:  # large: every worker takes a share
         # Decided on the chunk count, never on what is left: a taken-over run must wait
         # for the shares it made, which may still be running elsewhere.
-        todo = sorted(await fan_out(plan, per_run=per_run))
+        todo = sorted(
+            await fan_out(plan, per_run=settings.chunks_per_run, live=settings.live_shares)
+        )
     else:
         todo = [n for n in range(plan.chunk_count) if n not in plan.recorded]
     if todo:

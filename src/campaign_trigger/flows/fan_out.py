@@ -3,7 +3,8 @@
 A request of more than ``CT_CHUNKS_PER_RUN`` chunks is cut into shares of that many;
 each share is a flow run of ``deliver-chunks/default`` in the pool's ``chunks`` queue,
 created as a subflow of the request's run (the UI shows it under the request), which
-any worker process on any machine claims and runs. The request's run waits for them,
+any worker process on any machine claims and runs; at most ``CT_LIVE_SHARES`` of them
+are not yet ended at a time, the next created as one ends. The request's run waits for them,
 updating its progress artifact from the recorded chunks, then delivers whatever is
 still missing itself (a share that failed for good), so the report is always complete.
 Shares are cut from all of the request's chunks, never from the ones still missing, and
@@ -26,12 +27,11 @@ from prefect.deployments.flow_runs import arun_deployment
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.tasks import artifacts
-from campaign_trigger.tasks.delivery import recorded_chunks
+from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunks
 
-# The recorded chunks (a read of the service's database) are looked at every
-# RECORDED_SECONDS: the request notices its last chunk within that; the shares' runs (a
-# call to the Prefect server, only needed when a share ended without all of its chunks)
-# every WAIT_SECONDS.
+# The recorded chunks (a count in the service's database) are looked at every
+# RECORDED_SECONDS: the request notices its last chunk within that; the live shares' runs
+# (a call to the Prefect server) every WAIT_SECONDS, when ended ones are replaced.
 RECORDED_SECONDS = 0.2
 WAIT_SECONDS = 1.0
 
@@ -41,41 +41,36 @@ def shares(chunks: Sequence[int], per_run: int) -> list[list[int]]:
     return [list(chunks[start : start + per_run]) for start in range(0, len(chunks), per_run)]
 
 
-async def _start_shares(plan: DeliveryPlan, per_run: int) -> list[UUID]:
-    """Every share with a chunk not yet recorded (created, or found by its key)."""
-    runs = []
-    for share in shares(range(plan.chunk_count), per_run):
-        if plan.recorded.issuperset(share):
-            continue
-        run = await arun_deployment(
-            prefect_runs.CHUNKS_DEPLOYMENT_FULL_NAME,
-            parameters={"request_id": plan.request_id, "chunk_nos": share},
-            flow_run_name=f"{plan.request_id} chunks {share[0] + 1}-{share[-1] + 1}",
-            timeout=0,
-            idempotency_key=f"{plan.request_id}:chunks:{share[0]}",
-            tags=[f"request:{plan.request_id}"],
-        )
-        runs.append(run.id)
-    return runs
+async def _start_share(plan: DeliveryPlan, share: list[int]) -> UUID:
+    """The share's run (created, or found by its key)."""
+    run = await arun_deployment(
+        prefect_runs.CHUNKS_DEPLOYMENT_FULL_NAME,
+        parameters={"request_id": plan.request_id, "chunk_nos": share},
+        flow_run_name=f"{plan.request_id} chunks {share[0] + 1}-{share[-1] + 1}",
+        timeout=0,
+        idempotency_key=f"{plan.request_id}:chunks:{share[0]}",
+        tags=[f"request:{plan.request_id}"],
+    )
+    return run.id
 
 
-async def _all_ended(run_ids: list[UUID]) -> bool:
-    """Whether every share has ended: read a page of runs at a time (Prefect refuses a
-    larger one; a gigabyte's request has 513 shares), the latest shares first, as they
-    are the likeliest to be running, and the first page with one answers."""
+async def _still_running(run_ids: list[UUID]) -> list[UUID]:
+    """Those of ``run_ids`` that have not ended, read a page at a time (Prefect refuses a
+    larger one)."""
     page = prefect_runs.PAGE_LIMIT
+    running: list[UUID] = []
     async with get_client() as client:
-        for end in range(len(run_ids), 0, -page):
-            ids = run_ids[max(0, end - page) : end]
+        for start in range(0, len(run_ids), page):
+            ids = run_ids[start : start + page]
             runs = await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids)
             )
-            if not all(
-                r.state is not None and r.state.is_final() and not _dead(r.state.message)
+            running += [
+                r.id
                 for r in runs
-            ):
-                return False
-    return True
+                if r.state is None or not r.state.is_final() or _dead(r.state.message)
+            ]
+    return running
 
 
 def _dead(message: str | None) -> bool:
@@ -83,23 +78,39 @@ def _dead(message: str | None) -> bool:
     return message == prefect_runs.DEAD_RUN_MESSAGE
 
 
-async def fan_out(plan: DeliveryPlan, *, per_run: int) -> set[int]:
+async def fan_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
     """Deliver the request's chunks through shares on any worker; returns the chunks
-    still missing once every share has ended."""
-    run_ids = await _start_shares(plan, per_run)
+    still missing once every share has ended.
+
+    At most ``live`` shares are not yet ended at a time: the next is created when one
+    ends, so what the Prefect server does each second for the request (its reads of the
+    shares, its cancellation service's look at every subflow not yet ended) is that of
+    ``live`` shares, not of all of a gigabyte's 513.
+    """
+    everyone = shares(range(plan.chunk_count), per_run)
+    waiting = [share for share in reversed(everyone) if not plan.recorded.issuperset(share)]
+    running: list[UUID] = []
+
+    async def top_up() -> None:  # popped from the end: in chunk order
+        while waiting and len(running) < live:
+            running.append(await _start_share(plan, waiting.pop()))
+
+    await top_up()
     progress = await artifacts.Progress.start(chunk_count=plan.chunk_count, done=len(plan.recorded))
     every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per look at the runs
     looks = 0
     while True:
-        done = await recorded_chunks(plan.request_id)
-        if len(done) >= plan.chunk_count:
+        done = await recorded_chunk_count(plan.request_id)
+        if done >= plan.chunk_count:
             break
         if looks % every == 0:  # the progress bar and the runs, every WAIT_SECONDS
-            progress.show(len(done))
-            if await _all_ended(run_ids):
+            progress.show(done)
+            running = await _still_running(running)
+            await top_up()
+            if not running:
                 break
         looks += 1
         await asyncio.sleep(RECORDED_SECONDS)
-    progress.show(len(done))
+    progress.show(done)
     await progress.close()
-    return set(range(plan.chunk_count)) - done
+    return set(range(plan.chunk_count)) - await recorded_chunks(plan.request_id)

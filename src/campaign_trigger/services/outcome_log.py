@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from sqlalchemy import Insert, Table, insert, select
+from sqlalchemy import Insert, Table, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
@@ -64,6 +64,14 @@ def recorded_chunks(*, session: Session, request_id: str) -> set[int]:
         select(col(DeliveredChunk.chunk_no)).where(col(DeliveredChunk.request_id) == request_id)
     ).all()
     return {row[0] for row in rows}
+
+
+def recorded_chunk_count(*, session: Session, request_id: str) -> int:
+    """How many of the request's chunks are complete (a count on the key's index)."""
+    count = session.execute(
+        select(func.count()).where(col(DeliveredChunk.request_id) == request_id)
+    ).scalar_one()
+    return int(count)
 
 
 def recorded_targets(

@@ -110,6 +110,16 @@ async def recorded_chunks(request_id: str) -> set[int]:
     return await asyncio.to_thread(read)
 
 
+async def recorded_chunk_count(request_id: str) -> int:
+    """How many of the request's chunks are complete (a read, no task run)."""
+
+    def read() -> int:
+        with session_scope() as session:
+            return outcome_log.recorded_chunk_count(session=session, request_id=request_id)
+
+    return await asyncio.to_thread(read)
+
+
 @task(name="deliver chunk", cache_policy=NO_CACHE, persist_result=False, **RETRIES)
 async def deliver_chunk(plan: DeliveryPlan, chunk_no: int) -> delivering.ChunkResult:
     """Render, send and record one chunk, exactly once."""

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-from prefect.states import Completed, Running
+from prefect.states import Completed, Crashed, Running
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.flows import fan_out
@@ -81,18 +81,67 @@ async def test_a_large_request_is_delivered_through_subflow_shares(
     assert [per_token.get(d.token) for d in audience.devices] == [1] * len(audience.devices)
 
 
+@pytest.fixture
+def one_chunk_per_run_two_live(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("CT_CHUNKS_PER_RUN", "1")
+    monkeypatch.setenv("CT_LIVE_SHARES", "2")
+    get_settings.cache_clear()
+    yield
+    monkeypatch.delenv("CT_CHUNKS_PER_RUN")
+    monkeypatch.delenv("CT_LIVE_SHARES")
+    get_settings.cache_clear()
+
+
+async def test_a_request_keeps_at_most_its_live_shares_not_ended(
+    one_chunk_per_run_two_live: None, worker: None, sandbox_url: str
+) -> None:
+    # A gigabyte makes 513 shares: made all at once, the Prefect server's cancellation
+    # service read each of them every 20 s (0.4 of a core) and the request's run read a
+    # page of 200 every second. Here 6 shares, at most 2 not yet ended at a time.
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=12, prefix=f"live-{uuid.uuid4().hex[:6]}")
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=2)
+    await drain()
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=120)
+    assert state_name(run) == "COMPLETED", run.state
+
+    async with get_client() as client:
+        shares = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
+            )
+        )
+    shares.sort(key=lambda s: s.parameters["chunk_nos"])
+    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(6)]
+    ends = [s.end_time for s in shares]
+    assert all(ends), [s.state for s in shares]
+    for k, share in enumerate(shares[2:], start=2):
+        # made only once all but one of the shares before it had ended
+        ended_before = sum(1 for end in ends[:k] if end is not None and end <= share.created)
+        assert ended_before >= k - 1, (k, share.created, ends)
+
+    rows = read_report(request_id)
+    assert sorted(r["user_id"] for r in rows[tenant.android]) == sorted(audience.users)
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(d.token) for d in audience.devices] == [1] * len(audience.devices)
+
+
 @flow(name="fan-out-share-probe")
 def _share_probe() -> None:
     """A stand-in flow for shares whose states the test sets."""
 
 
-async def test_every_share_is_read_past_a_page_of_flow_runs(prefect_server: object) -> None:
+async def test_every_live_share_is_read_past_a_page_of_flow_runs(prefect_server: object) -> None:
     # A gigabyte (25.6 M recipients) makes 513 shares; Prefect answers at most 200 runs a read.
     count = prefect_runs.PAGE_LIMIT + 1
     async with get_client() as client:
         runs = [await client.create_flow_run(_share_probe, state=Completed()) for _ in range(count)]
-        first = runs[0].id  # the earliest share, on the last page read
-        await client.set_flow_run_state(first, Running(), force=True)
-        assert not await fan_out._all_ended([r.id for r in runs])
-        await client.set_flow_run_state(first, Completed(), force=True)
-        assert await fan_out._all_ended([r.id for r in runs])
+        last = runs[-1].id  # on the second page
+        await client.set_flow_run_state(last, Running(), force=True)
+        assert await fan_out._still_running([r.id for r in runs]) == [last]
+        await client.set_flow_run_state(last, Completed(), force=True)
+        assert await fan_out._still_running([r.id for r in runs]) == []
+        dead = Crashed(message=prefect_runs.DEAD_RUN_MESSAGE)  # about to be taken over
+        await client.set_flow_run_state(last, dead, force=True)
+        assert await fan_out._still_running([r.id for r in runs]) == [last]
