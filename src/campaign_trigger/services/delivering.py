@@ -294,10 +294,12 @@ async def process_chunk(
 
     ``provider_for`` gives the push provider of an app (this process's pooled one).
     """
-    recorded = await asyncio.to_thread(
-        outcome_log.recorded_chunks, session=session, request_id=job.request_id
-    )
-    if job.chunk_no in recorded:
+    if await asyncio.to_thread(
+        outcome_log.chunk_recorded,
+        session=session,
+        request_id=job.request_id,
+        chunk_no=job.chunk_no,
+    ):
         return ChunkResult(chunk_no=job.chunk_no, skipped=True)
     users: list[str] = chunk.column(USER_FIELD).to_pylist()
     targets = await asyncio.to_thread(
@@ -318,6 +320,7 @@ async def process_chunk(
         outcome_log.recorded_targets,
         session=session,
         request_id=job.request_id,
+        app_ids=[app.app_id for app in job.apps],
         first_row=job.first_row,
         end_row=job.first_row + chunk.num_rows,
     )

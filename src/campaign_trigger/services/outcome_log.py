@@ -74,13 +74,36 @@ def recorded_chunk_count(*, session: Session, request_id: str) -> int:
     return int(count)
 
 
+def chunk_recorded(*, session: Session, request_id: str, chunk_no: int) -> bool:
+    """Whether the chunk is complete (one key lookup)."""
+    found = session.execute(
+        select(col(DeliveredChunk.chunk_no)).where(
+            col(DeliveredChunk.request_id) == request_id,
+            col(DeliveredChunk.chunk_no) == chunk_no,
+        )
+    ).first()
+    return found is not None
+
+
 def recorded_targets(
-    *, session: Session, request_id: str, first_row: int, end_row: int
+    *,
+    session: Session,
+    request_id: str,
+    app_ids: Sequence[str],
+    first_row: int,
+    end_row: int,
 ) -> RecordedTargets:
-    """The targets of rows ``[first_row, end_row)`` already in the log."""
+    """The targets of rows ``[first_row, end_row)`` already in the log, under the apps
+    ``app_ids`` (the campaign's apps: those the chunk's targets are made for).
+
+    The apps make it a search of the unique index (request, app, row, device) for the
+    chunk's rows alone: without them the database walked every row the request had
+    recorded so far for each chunk, quadratic in the request's size.
+    """
     rows = session.execute(
         select(col(Outcome.app_id), col(Outcome.row_no), col(Outcome.device_id)).where(
             col(Outcome.request_id) == request_id,
+            col(Outcome.app_id).in_(app_ids),
             col(Outcome.row_no) >= first_row,
             col(Outcome.row_no) < end_row,
         )

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 from sqlmodel import Session, select
 
 from campaign_trigger.config import Settings
@@ -84,3 +85,50 @@ def test_rows_are_stored_as_the_orm_stores_them_and_recorded_once(
     assert read["log"] == moment
     assert read["log"].tzinfo == UTC
     assert read["log-failed"] is None
+
+
+def test_a_chunk_looks_up_its_own_rows_of_the_log_not_the_whole_request(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    # A gigabyte's chunk 1,500 walked the 7.5 M rows recorded before it, each chunk
+    # more than the last: the search must be bounded by the chunk's rows in the index.
+    request_id = _request(session, settings, storage, org)
+    moment = datetime(2026, 11, 25, tzinfo=UTC)
+    rows: list[outcome_log.OutcomeRow] = [
+        (request_id, n, org.app_id, f"u{n}", f"d{n}", "push", moment, "") for n in range(3_000)
+    ]
+    asyncio.run(
+        outcome_log.OutcomeRecorder(session=session, request_id=request_id, chunk_no=0).record_all(
+            rows
+        )
+    )
+    statements: list[tuple[str, object]] = []
+
+    def seen(
+        _conn: object, _cursor: object, statement: str, parameters: object, *_: object
+    ) -> None:
+        statements.append((statement, parameters))
+
+    connection = session.connection()
+    event.listen(connection, "before_cursor_execute", seen)
+    found = outcome_log.recorded_targets(
+        session=session, request_id=request_id, app_ids=[org.app_id], first_row=2_990, end_row=3_000
+    )
+    event.remove(connection, "before_cursor_execute", seen)
+    assert found.targets == {(org.app_id, n, f"d{n}") for n in range(2_990, 3_000)}
+    assert not outcome_log.recorded_targets(
+        session=session, request_id=request_id, app_ids=["other"], first_row=0, end_row=3_000
+    ).targets
+
+    ((statement, parameters),) = statements
+    if connection.dialect.name == "sqlite":
+        plan = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+        assert "row_no>? AND row_no<?" in " ".join(str(step[-1]) for step in plan), plan
+    else:
+        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")  # as on a large table
+        plan = connection.exec_driver_sql(f"EXPLAIN {statement}", parameters).all()
+        # request and app equal, so the row range bounds the index scan
+        conditions = " ".join(line for (line,) in plan if "Index Cond" in line)
+        assert "request_id =" in conditions, plan
+        assert "app_id =" in conditions, plan
+        assert "row_no >=" in conditions, plan
