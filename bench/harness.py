@@ -120,6 +120,22 @@ def wait_http(url: str, timeout: float = 90) -> None:
     raise TimeoutError(url)
 
 
+def report_links(api: str, headers: dict[str, str], request_id: str) -> list[str]:
+    """The request's report links, polled every 0.1 s until they answer.
+
+    One client for every poll: ``httpx.get`` builds a client (and its TLS context) per
+    call, ~26 ms of CPU, so polling with it took a fifth of a core from the stack being
+    measured; a kept connection costs ~0.5 ms a poll.
+    """
+    with httpx.Client(headers=headers, timeout=30) as client:
+        while True:
+            answer = client.get(f"{api}/api/campaigns/report", params={"request_id": request_id})
+            if answer.status_code == 200:
+                links: list[str] = answer.json()["reports"]
+                return links
+            time.sleep(0.1)
+
+
 def stop_process(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 20 s."""
     process.terminate()

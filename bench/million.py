@@ -61,6 +61,7 @@ from harness import (
     member_token,
     nginx_responder,
     private_stack,
+    report_links,
     result,
     seed_audience,
     start_nginx,
@@ -217,17 +218,9 @@ def upload_to_report(api: str, token: str, campaign_id: str, upload: Path, users
     answered = time.time()
     created.raise_for_status()
     request_id = created.json()["request_id"]
-    # One client for every poll: ``httpx.get`` builds a client (and its TLS context) per
-    # call, ~26 ms of CPU, so polling with it every 0.1 s took a fifth of a core from the
-    # stack being measured; a kept connection costs ~0.5 ms a poll.
-    with httpx.Client(headers=headers, timeout=30) as client:
-        while True:
-            answer = client.get(f"{api}/api/campaigns/report", params={"request_id": request_id})
-            if answer.status_code == 200:
-                break
-            time.sleep(0.1)
+    reports = report_links(api, headers, request_id)
     links = time.time()
-    rows = check_report(answer.json()["reports"], users)
+    rows = check_report(reports, users)
     return Run(request_id, started, answered, links, rows)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from harness import private_stack, result
+from harness import private_stack, report_links, result
 
 TARGET_RATIO = 1.25
 TARGET_USERS = 100_000
@@ -186,16 +186,10 @@ def upload_to_report(api: str, email: str, campaign_id: str, users: int) -> floa
     )
     created.raise_for_status()
     request_id = created.json()["request_id"]
-    # One client for every poll (``httpx.get`` costs ~26 ms of CPU a call: million.py).
-    with httpx.Client(headers={"Authorization": token}, timeout=30) as client:
-        while True:
-            answer = client.get(f"{api}/api/campaigns/report", params={"request_id": request_id})
-            if answer.status_code == 200:
-                break
-            time.sleep(0.1)
+    reports = report_links(api, {"Authorization": token}, request_id)
     elapsed = time.monotonic() - started
     rows = []
-    for link in answer.json()["reports"]:
+    for link in reports:
         rows += list(csv.DictReader(io.StringIO(httpx.get(link, timeout=60).text)))
     failed = [row for row in rows if row["error_message"]]
     assert len(rows) == users, f"{len(rows)} report rows for {users} users"
