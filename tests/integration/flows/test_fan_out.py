@@ -58,13 +58,20 @@ async def _delivered_through_shares(
     return sorted(shares, key=lambda s: s.parameters["chunk_nos"])
 
 
-@pytest.fixture
-def four_chunks_per_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("CT_CHUNKS_PER_RUN", "4")
+def _settings(monkeypatch: pytest.MonkeyPatch, **environment: str) -> Iterator[None]:
+    """The service's settings with ``environment`` for one test, then without."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
     get_settings.cache_clear()
     yield
-    monkeypatch.delenv("CT_CHUNKS_PER_RUN")
+    for name in environment:
+        monkeypatch.delenv(name)
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def four_chunks_per_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from _settings(monkeypatch, CT_CHUNKS_PER_RUN="4")
 
 
 async def test_a_large_request_is_delivered_through_subflow_shares(
@@ -94,13 +101,7 @@ async def test_a_large_request_is_delivered_through_subflow_shares(
 
 @pytest.fixture
 def one_chunk_per_run_two_live(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("CT_CHUNKS_PER_RUN", "1")
-    monkeypatch.setenv("CT_LIVE_SHARES", "2")
-    get_settings.cache_clear()
-    yield
-    monkeypatch.delenv("CT_CHUNKS_PER_RUN")
-    monkeypatch.delenv("CT_LIVE_SHARES")
-    get_settings.cache_clear()
+    yield from _settings(monkeypatch, CT_CHUNKS_PER_RUN="1", CT_LIVE_SHARES="2")
 
 
 async def test_a_request_keeps_at_most_its_live_shares_not_ended(
