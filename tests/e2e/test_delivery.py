@@ -19,6 +19,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun
 from sqlalchemy import func, select
+from sqlmodel import col
 
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
@@ -90,7 +91,9 @@ async def test_a_request_scheduled_ahead_stays_scheduled_then_is_delivered(
         if row["sent_at"]:
             assert datetime.fromisoformat(row["sent_at"]) >= send_at  # never before send_at
     delivered = sandbox.delivered([d.token for d in audience.devices if d.token])
-    assert delivered[next(d.token for d in audience.devices if "flaky" in d.device_id)] == 1
+    flaky = next(d.token for d in audience.devices if "flaky" in d.device_id)
+    assert flaky is not None
+    assert delivered[flaky] == 1
     assert sum(delivered.values()) == 3  # ok x2 and flaky, each exactly once
     # The run's logs reach the Prefect UI from the worker process (its own log set-up
     # keeps Prefect's handler of run logs).
@@ -118,10 +121,10 @@ def _recorded(request_id: str) -> tuple[int, int]:
         chunks = session.execute(
             select(func.count())
             .select_from(DeliveredChunk)
-            .where(DeliveredChunk.request_id == request_id)
+            .where(col(DeliveredChunk.request_id) == request_id)
         ).scalar_one()
         rows = session.execute(
-            select(func.count()).select_from(Outcome).where(Outcome.request_id == request_id)
+            select(func.count()).select_from(Outcome).where(col(Outcome.request_id) == request_id)
         ).scalar_one()
     return int(chunks), int(rows)
 
