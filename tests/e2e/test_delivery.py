@@ -5,18 +5,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from prefect import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterTags,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.client.schemas.objects import FlowRun
 from sqlalchemy import func, select
+from sqlmodel import col
 
+from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import DeliveredChunk, Outcome
 from delivery_support import (
     DeviceSpec,
+    Tenant,
     add_csv_request,
     add_devices,
     add_request,
@@ -80,7 +91,9 @@ async def test_a_request_scheduled_ahead_stays_scheduled_then_is_delivered(
         if row["sent_at"]:
             assert datetime.fromisoformat(row["sent_at"]) >= send_at  # never before send_at
     delivered = sandbox.delivered([d.token for d in audience.devices if d.token])
-    assert delivered[next(d.token for d in audience.devices if "flaky" in d.device_id)] == 1
+    flaky = next(d.token for d in audience.devices if "flaky" in d.device_id)
+    assert flaky is not None
+    assert delivered[flaky] == 1
     assert sum(delivered.values()) == 3  # ok x2 and flaky, each exactly once
     # The run's logs reach the Prefect UI from the worker process (its own log set-up
     # keeps Prefect's handler of run logs).
@@ -108,16 +121,103 @@ def _recorded(request_id: str) -> tuple[int, int]:
         chunks = session.execute(
             select(func.count())
             .select_from(DeliveredChunk)
-            .where(DeliveredChunk.request_id == request_id)
+            .where(col(DeliveredChunk.request_id) == request_id)
         ).scalar_one()
         rows = session.execute(
-            select(func.count()).select_from(Outcome).where(Outcome.request_id == request_id)
+            select(func.count()).select_from(Outcome).where(col(Outcome.request_id) == request_id)
         ).scalar_one()
     return int(chunks), int(rows)
 
 
 KILL_USERS = 20_000
 KILL_CONCURRENCY = 100
+
+
+@dataclass(frozen=True)
+class Killed:
+    """A request whose worker was SIGKILLed mid-chunk, as it stood once the requests
+    already on the wire had landed."""
+
+    request_id: str
+    tenant: Tenant
+    users: list[str]
+    tokens: list[str]  # one device each
+    chunks: int  # complete chunks
+    recorded: int  # outcome rows
+    delivered: int  # devices the sandbox reached
+
+    @property
+    def in_flight(self) -> int:
+        """Messages sent and not recorded: the ones a new run sends again."""
+        return self.delivered - self.recorded
+
+
+async def _killed_mid_chunk(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+    *,
+    env: dict[str, str],
+    chunk_size: int,
+    kill_at: int,
+) -> Killed:
+    """A send-now request of ``KILL_USERS`` (one Android device each) to a worker started
+    with ``env``, SIGKILLed at full speed once the sandbox got ``kill_at`` of its messages.
+
+    The kill caught sends in flight, at most ``KILL_CONCURRENCY``: a provider's slots are
+    shared by every chunk of the process sending to its app (``delivery/sending.py``),
+    however many of them run at once.
+    """
+    worker = start_worker(**env)
+    tenant = seed_tenant()
+    prefix = f"kill-{uuid.uuid4().hex[:6]}"
+    users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
+    add_devices([DeviceSpec(tenant.android, f"{u}-a", u, f"{u}-ta") for u in users])
+    tokens = [f"{u}-ta" for u in users]
+    rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
+    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=chunk_size)
+    notify_new_request(request_id)
+
+    before = len(sandbox.state.deliveries)
+    deadline = time.monotonic() + 120
+    while len(sandbox.state.deliveries) - before < kill_at:
+        assert time.monotonic() < deadline, f"delivery did not start:\n{worker.log_tail()}"
+        await asyncio.sleep(0.002)
+    worker.kill()
+    await asyncio.sleep(1.0)  # requests already on the wire land
+    chunks, recorded = _recorded(request_id)
+    delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
+    killed = Killed(request_id, tenant, users, tokens, chunks, recorded, delivered)
+    assert killed.in_flight > 0, "the kill did not catch any send in flight"
+    assert killed.in_flight <= KILL_CONCURRENCY
+    return killed
+
+
+async def _taken_over(
+    start_worker: WorkerFactory, sandbox: Sandbox, killed: Killed, *, env: dict[str, str]
+) -> None:
+    """A new worker started with ``env`` takes the request over (Prefect marks the run dead:
+    no heartbeat) and completes it. Counted at the sandbox: nobody is missing, at most the
+    messages in flight at the kill went twice, each second copy with the first one's
+    collapse id; the report has every user once."""
+    start_worker(**env)
+    run = await wait_for_state(killed.request_id, "COMPLETED", "FAILED", timeout=240)
+    assert state_name(run) == "COMPLETED", run.state
+    counts = sandbox.delivered(killed.tokens)
+    assert [t for t, n in counts.items() if n == 0] == []  # nobody missing
+    doubled = {t: n for t, n in counts.items() if n > 1}
+    assert set(doubled.values()) <= {2}
+    assert len(doubled) <= KILL_CONCURRENCY
+    for token in doubled:  # the second copy replaces the first on the device
+        per_collapse = sandbox.state.per_token_collapse[token]
+        assert len(per_collapse) == 1, per_collapse
+        assert "" not in per_collapse
+    print(
+        f"killed with {killed.recorded} recorded and {killed.delivered} delivered "
+        f"({killed.in_flight} in flight); {len(doubled)} devices got it twice"
+    )
+    report = read_report(killed.request_id)[killed.tenant.android]
+    assert sorted(r["user_id"] for r in report) == sorted(killed.users)
+    assert {r["error_message"] for r in report} == {""}
 
 
 async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
@@ -130,51 +230,67 @@ async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
     got the message twice, and each second copy carried the first one's collapse id.
     """
     env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
-    worker = start_worker(**env)
-    tenant = seed_tenant()
-    prefix = f"kill-{uuid.uuid4().hex[:6]}"
-    users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
-    add_devices([DeviceSpec(tenant.android, f"{u}-a", u, f"{u}-ta") for u in users])
-    tokens = [f"{u}-ta" for u in users]
-    rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
-    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=5000)
-    notify_new_request(request_id)
-
     # Kill inside the second chunk (rows 5,000-9,999), at full speed.
-    before = len(sandbox.state.deliveries)
-    deadline = time.monotonic() + 120
-    while len(sandbox.state.deliveries) - before < 7_300:
-        assert time.monotonic() < deadline, f"delivery did not start:\n{worker.log_tail()}"
-        await asyncio.sleep(0.002)
-    worker.kill()
-    await asyncio.sleep(1.0)  # requests already on the wire land
-    chunks, recorded = _recorded(request_id)
-    delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
-    assert chunks == 1, chunks  # the first chunk complete, the second one under way
-    assert 5_000 < recorded < 10_000, recorded
-    assert delivered > recorded, "the kill did not catch any send in flight"
-    in_flight_at_kill = delivered - recorded
-    assert in_flight_at_kill <= KILL_CONCURRENCY
+    killed = await _killed_mid_chunk(start_worker, sandbox, env=env, chunk_size=5000, kill_at=7_300)
+    assert killed.chunks == 1, killed.chunks  # the first chunk complete, the second one under way
+    assert 5_000 < killed.recorded < 10_000, killed.recorded
+    await _taken_over(start_worker, sandbox, killed, env=env)
 
-    start_worker(**env)  # Prefect marks the run dead (no heartbeat), the new worker takes it
-    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=240)
-    assert state_name(run) == "COMPLETED", run.state
-    counts = sandbox.delivered(tokens)
-    assert [t for t, n in counts.items() if n == 0] == []  # nobody missing
-    doubled = {t: n for t, n in counts.items() if n > 1}
-    assert set(doubled.values()) <= {2}
-    assert len(doubled) <= KILL_CONCURRENCY
-    for token in doubled:  # the second copy replaces the first on the device
-        per_collapse = sandbox.state.per_token_collapse[token]
-        assert len(per_collapse) == 1, per_collapse
-        assert "" not in per_collapse
-    print(
-        f"killed with {recorded} recorded and {delivered} delivered "
-        f"({in_flight_at_kill} in flight); {len(doubled)} devices got it twice"
+
+SHARE_CHUNK_SIZE = 2_500
+SHARE_COUNT = KILL_USERS // SHARE_CHUNK_SIZE  # one chunk a share: 8
+LIVE_SHARES = 2
+
+
+async def _shares(request_id: str) -> list[FlowRun]:
+    """The request's ``deliver-chunks`` runs, in chunk order."""
+    async with get_client() as client:
+        deployment = await prefect_runs.deployment_id(
+            client, prefect_runs.CHUNKS_DEPLOYMENT_FULL_NAME
+        )
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[deployment]),
+                tags=FlowRunFilterTags(all_=[f"request:{request_id}"]),
+            )
+        )
+    return sorted(runs, key=lambda run: run.parameters["chunk_nos"])
+
+
+async def test_a_worker_killed_before_every_share_is_made_resends_at_most_the_messages_in_flight(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+) -> None:
+    """SIGKILL in the middle of a chunk of a request delivered through shares, while the
+    shares beyond its window of live ones are not made yet; a new worker takes over.
+
+    The request's new run finds the shares already made by their keys (those of the dead
+    worker are taken over too) and makes the rest; counted as above.
+    """
+    env = {
+        "CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY),
+        "CT_CHUNKS_PER_RUN": "1",
+        "CT_LIVE_SHARES": str(LIVE_SHARES),
+    }
+    # Kill four and a half chunks' worth of messages in (two shares send at once): the
+    # last shares are not made yet.
+    killed = await _killed_mid_chunk(
+        start_worker, sandbox, env=env, chunk_size=SHARE_CHUNK_SIZE, kill_at=11_250
     )
-    report = read_report(request_id)[tenant.android]
-    assert sorted(r["user_id"] for r in report) == sorted(users)
-    assert {r["error_message"] for r in report} == {""}
+    assert killed.recorded > killed.chunks * SHARE_CHUNK_SIZE  # a chunk under way
+    made = await _shares(killed.request_id)  # as at the kill: no run makes shares now
+    assert len(made) < SHARE_COUNT, [s.parameters for s in made]
+    assert [s.parameters["chunk_nos"] for s in made] == [[k] for k in range(len(made))]
+    assert len(made) <= killed.chunks + LIVE_SHARES  # each made once an earlier one ended
+
+    await _taken_over(start_worker, sandbox, killed, env=env)
+    shares = await _shares(killed.request_id)
+    # Every chunk went through its share (the request's run did not send the last ones
+    # itself), each share made once: the ones made before the kill were found again.
+    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(SHARE_COUNT)]
+    assert {s.id for s in made} <= {s.id for s in shares}
+    assert {state_name(s) for s in shares} == {"COMPLETED"}
+    print(f"{len(made)} of {SHARE_COUNT} shares made at the kill, {killed.chunks} chunks complete")
 
 
 async def test_a_request_accepted_while_prefect_is_down_is_delivered_once_it_is_back(
