@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from datetime import timedelta
 from typing import Final
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
@@ -57,18 +56,28 @@ _AT_REST_EVENTS: Final = {
 
 
 async def _ensure_pool(client: PrefectClient) -> None:
+    """The pool, with the worker type's job template (one made by an earlier version,
+    with Prefect's default template, is given it); its pause and concurrency limit are
+    the operator's and stay as they are."""
     from campaign_trigger.deployments.worker import DeliveryWorker
 
-    with contextlib.suppress(ObjectAlreadyExists):
+    template = DeliveryWorker.get_default_base_job_template()
+    try:
         await client.create_work_pool(
             WorkPoolCreate(
                 name=catalog.DELIVERY_POOL,
                 type=WORKER_TYPE,
-                base_job_template=DeliveryWorker.get_default_base_job_template(),
+                base_job_template=template,
                 description="Deliveries of campaign-trigger requests, run by "
                 "`campaign-trigger worker` processes in-process.",
             )
         )
+    except ObjectAlreadyExists:
+        pool = await client.read_work_pool(catalog.DELIVERY_POOL)
+        if pool.base_job_template != template:
+            await client.update_work_pool(
+                catalog.DELIVERY_POOL, WorkPoolUpdate(base_job_template=template)
+            )
 
 
 def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> AutomationCore:

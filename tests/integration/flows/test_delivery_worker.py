@@ -1,7 +1,7 @@
 """The delivery worker is a Prefect worker of its pool: it shows in the pool's worker
-list, a paused pool gets nothing claimed, a pool concurrency limit of one runs one
-delivery at a time, every request's steps are task runs, and a run suspended in the UI
-stops at its next step."""
+list, its pool offers no job variable, a paused pool gets nothing claimed, a pool
+concurrency limit of one runs one delivery at a time, every request's steps are task
+runs, and a run suspended in the UI stops at its next step."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from prefect import get_client
 from prefect.client.schemas.actions import WorkPoolUpdate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.states import Suspended
+from prefect.workers.base import BaseWorker
 
 from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.deployments.catalog import DELIVERY_POOL
+from campaign_trigger.deployments.worker import DeliveryWorker
 from delivery_support import (
     DeviceSpec,
     add_devices,
@@ -102,6 +104,28 @@ async def test_a_pool_concurrency_limit_of_one_runs_one_delivery_at_a_time(
     assert all(start is not None and end is not None for start, end in spans)
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start  # type: ignore[operator]  # never two at once
+
+
+async def test_the_pool_offers_no_job_variables_and_an_earlier_pool_is_given_that_template(
+    deployed: ManagedProcess, pool_settings: None
+) -> None:
+    """The worker runs everything in-process: its pool's template has no job variable
+    (the server validates each run it creates against them). A pool an earlier version
+    made with Prefect's default template gets it, keeping the operator's settings."""
+    from campaign_trigger.deployments.register import ensure_deployments
+
+    async with get_client() as client:
+        pool = await client.read_work_pool(DELIVERY_POOL)
+        assert pool.base_job_template == DeliveryWorker.get_default_base_job_template() == {}
+        prefects = BaseWorker.get_default_base_job_template()
+        assert prefects["variables"]["properties"]  # command, env, labels, name
+        await client.update_work_pool(
+            DELIVERY_POOL, WorkPoolUpdate(base_job_template=prefects, concurrency_limit=3)
+        )
+        await ensure_deployments()
+        pool = await client.read_work_pool(DELIVERY_POOL)
+    assert pool.base_job_template == {}
+    assert pool.concurrency_limit == 3
 
 
 async def test_a_one_message_request_shows_its_steps_as_completed_task_runs(
