@@ -54,6 +54,7 @@ from campaign_trigger.delivery.providers import close_providers
 from campaign_trigger.deployments import catalog, suspension, upkeep
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
 from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
+from campaign_trigger.flows import fan_out
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
@@ -90,7 +91,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         heartbeat_seconds: int = 10,
         name: str | None = None,
         idle_poll_factor: int = 1,
-        process_busy: Callable[[], bool] = lambda: False,
+        shares_due: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__(
             work_pool_name=catalog.DELIVERY_POOL,
@@ -104,7 +105,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
-        self.idle_poll_factor, self._process_busy = idle_poll_factor, process_busy
+        self.idle_poll_factor, self._shares_due = idle_poll_factor, shares_due
         self._ticks, self._polled = 0, 0.0
 
     @classmethod
@@ -118,16 +119,17 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
 
     def worth_polling(self) -> bool:
         """Whether this tick polls the pool for due runs: not while every slot is taken
-        (nothing could be taken), nor, while the process runs nothing, at ticks other
-        than every ``idle_poll_factor``-th (the chunks queue: its shares are made by a
-        request running, here or on another worker); but at least every
-        ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s as not ready)."""
+        (nothing could be taken), nor, unless shares are due (:func:`shares_due`), at ticks
+        other than every ``idle_poll_factor``-th (the chunks queue: its shares are made by
+        a request fanning out, here or on another worker); but at least every
+        ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s as not ready).
+        A poll costs the Prefect server ~20 ms of CPU (docs/benchmarks.md)."""
         self._ticks += 1
         if time.monotonic() - self._polled >= KEEP_READY_SECONDS:
             return True
         if self._limiter is not None and self._limiter.available_tokens < 1:
             return False
-        return self._ticks % self.idle_poll_factor == 0 or self._process_busy()
+        return self._ticks % self.idle_poll_factor == 0 or self._shares_due()
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
         if not self.worth_polling():
@@ -259,6 +261,13 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return task
 
 
+def shares_due(workers: list[DeliveryWorker]) -> bool:
+    """Whether shares are about to be due for this process: a request of its own is
+    fanning out, or it runs a share (the next one is made as one ends). Shares of
+    requests fanning out on other workers are taken at the idle polls."""
+    return bool(fan_out.fanning_out) or any(w.active for w in workers if w.queue == "chunks")
+
+
 async def run_worker(
     *,
     concurrency: int,
@@ -287,7 +296,7 @@ async def run_worker(
             prefetch_seconds=prefetch_seconds,
             heartbeat_seconds=heartbeat_seconds,
             idle_poll_factor=factor,
-            process_busy=lambda: any(worker.active for worker in workers),
+            shares_due=lambda: shares_due(workers),
         )
         for queue, limit, factor in (
             ("default", concurrency, 1),
@@ -302,10 +311,10 @@ async def run_worker(
         with temporary_settings(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
-            # The chunks queue holds the shares of large requests only: while the process
-            # runs nothing, it is polled at every CHUNKS_IDLE_POLL_FACTOR-th tick (the idle
-            # server answers less); while it runs a request, at every tick (its shares
-            # start within one), and a share's end polls at once (the next share).
+            # The chunks queue holds the shares of large requests only: it is polled at
+            # every tick while this process fans a request out or runs a share (the
+            # shares start within one; a share's end polls at once, for the next one),
+            # else at every CHUNKS_IDLE_POLL_FACTOR-th tick (a poll costs the server).
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(
                 upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)

@@ -35,6 +35,10 @@ from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunk
 RECORDED_SECONDS = 0.2
 WAIT_SECONDS = 1.0
 
+# The requests this process is handing out as shares: while there is one, its worker
+# polls the chunks queue at every tick (the shares start within one), else seldom.
+fanning_out: set[str] = set()
+
 
 def shares(chunks: Sequence[int], per_run: int) -> list[list[int]]:
     """The chunks in runs of ``per_run``, in order."""
@@ -87,6 +91,14 @@ async def fan_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
     shares, its cancellation service's look at every subflow not yet ended) is that of
     ``live`` shares, not of all of a gigabyte's 513.
     """
+    fanning_out.add(plan.request_id)
+    try:
+        return await _hand_out(plan, per_run=per_run, live=live)
+    finally:
+        fanning_out.discard(plan.request_id)
+
+
+async def _hand_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
     everyone = shares(range(plan.chunk_count), per_run)
     waiting = [share for share in reversed(everyone) if not plan.recorded.issuperset(share)]
     running: list[UUID] = []

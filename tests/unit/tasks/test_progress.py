@@ -1,0 +1,43 @@
+"""A delivery's progress bar: updated off the delivery's path, at most once every
+``Progress.EVERY_SECONDS`` with the latest count, the last count shown at once on close."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from campaign_trigger.tasks import artifacts
+
+
+async def test_updates_are_spaced_carry_the_latest_count_and_close_shows_the_last_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    updates: list[tuple[float, str]] = []
+
+    async def update(artifact_id: uuid.UUID, *, progress: float, description: str) -> Any:
+        await asyncio.sleep(0.01)  # a round trip to the Prefect API
+        updates.append((time.monotonic(), description))
+
+    monkeypatch.setattr(artifacts, "aupdate_progress_artifact", update)
+    monkeypatch.setattr(artifacts.Progress, "EVERY_SECONDS", 0.2)
+    progress = artifacts.Progress(uuid.uuid4(), chunk_count=30, done=0)
+    started = time.monotonic()
+    for done in range(1, 31):  # a chunk ends every 20 ms for 0.6 s
+        progress.show(done)
+        await asyncio.sleep(0.02)
+    shown_by_then = len(updates)
+    await progress.close()
+    closed = time.monotonic()
+
+    assert 2 <= shown_by_then <= 4, updates  # ~0.6 s at one update per 0.2 s, not 30
+    spaced = [started, *(at for at, _ in updates[:-1])]  # the last one: on close
+    assert all(b - a >= 0.19 for a, b in itertools.pairwise(spaced)), spaced
+    assert updates[-1][1] == "Chunks delivered (30/30)"
+    assert closed - updates[-1][0] < 0.05  # close did not wait out the interval
+    counts = [int(d.split("(")[1].split("/")[0]) for _, d in updates]
+    assert counts == sorted(counts)
