@@ -108,6 +108,27 @@ def _latencies(sandbox: str, sent: dict[str, float], wait_seconds: float) -> lis
     return list(latencies.values())
 
 
+def _settle(timeout: float = 300) -> None:
+    """Wait until no request made so far is still scheduled or running (then two
+    seconds, for their runs' last states): a rate not sustained leaves runs behind its
+    last delivery, and the next phase or the reference measured beside that backlog
+    counted the server's work for both (the reference read ~4x its CPU per run)."""
+    from sqlmodel import Session, col, func, select
+
+    from campaign_trigger.store.db import get_engine
+    from campaign_trigger.store.models import Request, RequestState
+
+    unfinished = col(Request.state).in_((RequestState.scheduled, RequestState.running))
+    deadline = time.monotonic() + timeout
+    with Session(get_engine()) as session:
+        while session.exec(select(func.count()).select_from(Request).where(unfinished)).one():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"requests still unfinished after {timeout:.0f} s")
+            time.sleep(1)
+            session.expire_all()
+    time.sleep(2)
+
+
 async def _reference(runs: int, server: psutil.Process) -> tuple[float, float]:
     """Empty flow runs with three task runs, executed as the worker executes ours.
 
@@ -171,6 +192,7 @@ def main() -> None:
             sustained = 0.0
             held: dict[float, bool] = {}
             for rate in args.rates:
+                _settle()
                 batch = [next(users) for _ in range(int(rate * args.seconds))]
                 profile = None
                 if args.profile and rate == args.profile_rate:
@@ -207,6 +229,7 @@ def main() -> None:
                         + f" (py-spy stacks in {args.profile})",
                         flush=True,
                     )
+            _settle()
             reference, reference_cpu = asyncio.run(_reference(args.reference_runs, server))
             print(
                 f"reference, empty flow runs with 3 task runs executed in-process: "
