@@ -27,17 +27,20 @@ async def test_updates_are_spaced_carry_the_latest_count_and_close_shows_the_las
     monkeypatch.setattr(artifacts.Progress, "EVERY_SECONDS", 0.2)
     progress = artifacts.Progress(uuid.uuid4(), chunk_count=30, done=0)
     started = time.monotonic()
-    for done in range(1, 31):  # a chunk ends every 20 ms for 0.6 s
+    for done in range(1, 31):  # a chunk ends every 20 ms or more
         progress.show(done)
         await asyncio.sleep(0.02)
     shown_by_then = len(updates)
+    elapsed = time.monotonic() - started
     await progress.close()
     closed = time.monotonic()
 
-    assert 2 <= shown_by_then <= 4, updates  # ~0.6 s at one update per 0.2 s, not 30
+    # one update per 0.2 s of the chunks (however slow the machine), not one per chunk
+    assert 1 <= shown_by_then <= elapsed / 0.2 + 1, (elapsed, updates)
+    assert shown_by_then < 15, updates
     spaced = [started, *(at for at, _ in updates[:-1])]  # the last one: on close
     assert all(b - a >= 0.19 for a, b in itertools.pairwise(spaced)), spaced
     assert updates[-1][1] == "Chunks delivered (30/30)"
-    assert closed - updates[-1][0] < 0.05  # close did not wait out the interval
+    assert closed - updates[-1][0] < 0.1  # close did not wait out the 0.2 s interval
     counts = [int(d.split("(")[1].split("/")[0]) for _, d in updates]
     assert counts == sorted(counts)
