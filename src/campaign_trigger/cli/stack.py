@@ -130,7 +130,11 @@ def sandbox(
 def worker(
     concurrency: Annotated[int, typer.Option(help="Request runs executed at once.")] = 4,
     chunk_concurrency: Annotated[
-        int, typer.Option(help="Shares of large requests (deliver-chunks runs) executed at once.")
+        int,
+        typer.Option(
+            help="Chunks of large requests' shares (deliver-chunks runs) delivered at once; "
+            "a share on its last chunk lets the next one start."
+        ),
     ] = 2,
     poll_seconds: Annotated[
         float, typer.Option(help="Seconds between polls of the pool (its chunks queue: 4x).")

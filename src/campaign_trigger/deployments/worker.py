@@ -197,10 +197,20 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             self._release_limit_slot(flow_run.id)
             self._forget_submission(flow_run.id)
         if self.queue == "chunks":  # the next share of a request takes the slot at once
-            try:
-                await self.get_and_submit_flow_runs()
-            except Exception as exc:  # the polling loop tries again on its own
-                logger.warning("poll after run %s failed: %r", flow_run.id, exc)
+            await self._poll_now()
+
+    def hand_on(self, flow_run_id: UUID) -> None:
+        """A share started its last chunk: its slot goes to the next share, claimed and
+        started now while that chunk is sent (:class:`fan_out.ShareSlots`)."""
+        self._release_limit_slot(flow_run_id)  # released again at the run's end: a no-op
+        if self._runs_task_group is not None:
+            self._runs_task_group.start_soon(self._poll_now)
+
+    async def _poll_now(self) -> None:
+        try:
+            await self.get_and_submit_flow_runs()
+        except Exception as exc:  # the polling loop tries again on its own
+            logger.warning("poll of the %s queue failed: %r", self.queue, exc)
 
     async def _flow_of(self, flow_run: FlowRun) -> Flow[..., Any]:
         """The flow of the run's deployment, from the catalog (looked up once)."""
@@ -280,8 +290,9 @@ async def run_worker(
 ) -> None:
     """Run a delivery worker process until ``stop`` is set: a Prefect worker of the pool's
     ``default`` queue (requests, ``concurrency`` at a time), one of its ``chunks`` queue
-    (the shares of large requests, ``chunk_concurrency`` at a time: a request waiting for
-    its shares never holds the slots they need), and the upkeep loops."""
+    (the shares of large requests, ``chunk_concurrency`` chunks at a time: a request
+    waiting for its shares never holds the slots they need; a share on its last chunk
+    hands its slot to the next), and the upkeep loops."""
     stop = stop or asyncio.Event()
     share_prefect_ssl_contexts()
     await upkeep.until_prefect_answers(ensure_deployments, stop)
@@ -315,6 +326,7 @@ async def run_worker(
             # every tick while this process fans a request out or runs a share (the
             # shares start within one; a share's end polls at once, for the next one),
             # else at every CHUNKS_IDLE_POLL_FACTOR-th tick (a poll costs the server).
+            fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1].hand_on)
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(
                 upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
@@ -331,6 +343,7 @@ async def run_worker(
                     task.cancel()
                 loops.cancel()
                 await asyncio.gather(*serving, loops, return_exceptions=True)
+                fan_out.share_slots = None
                 with contextlib.suppress(Exception):
                     await close_providers()
 

@@ -3,14 +3,19 @@ state) and ``deliver-chunks`` (a share of a large request's chunks, on any worke
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun, State
+from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_RESULTS_LOCAL_STORAGE_PATH
 from prefect.states import Cancelled
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.flows import fan_out as sharing
 from campaign_trigger.flows.fan_out import fan_out
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.tasks import artifacts
@@ -32,17 +37,28 @@ def _on_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> N
     mark_failed(str(flow_run.parameters["request_id"]))
 
 
-async def _deliver_here(plan: DeliveryPlan, todo: list[int], *, progress: bool) -> None:
+def _no_slot(*, last: bool) -> contextlib.AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
+
+
+async def _deliver_here(
+    plan: DeliveryPlan,
+    todo: list[int],
+    *,
+    progress: bool,
+    slot: Callable[..., contextlib.AbstractAsyncContextManager[None]] = _no_slot,
+) -> None:
     """One task run per chunk, one after the other (a chunk's database writes already
-    overlap its sends), with a progress artifact if asked."""
+    overlap its sends), each inside ``slot(last=...)``, with a progress artifact if asked."""
     done = plan.chunk_count - len(todo)
     shown = None
     if progress:
         shown = await artifacts.Progress.start(chunk_count=plan.chunk_count, done=done)
-    for chunk_no in todo:
-        await deliver_chunk.with_options(
-            task_run_name=f"deliver chunk {chunk_no + 1}/{plan.chunk_count}"
-        )(plan, chunk_no)
+    for n, chunk_no in enumerate(todo, start=1):
+        async with slot(last=n == len(todo)):
+            await deliver_chunk.with_options(
+                task_run_name=f"deliver chunk {chunk_no + 1}/{plan.chunk_count}"
+            )(plan, chunk_no)
         done += 1
         if shown is not None:
             shown.show(done)  # the next chunk does not wait for the Prefect API
@@ -85,5 +101,8 @@ async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int:
     """Deliver a share of a request's chunks (the request's run made this its subflow)."""
     plan = await read_plan(request_id)
     todo = [n for n in chunk_nos if n not in plan.recorded]
-    await _deliver_here(plan, todo, progress=False)
+    slot, slots, context = _no_slot, sharing.share_slots, FlowRunContext.get()
+    if slots is not None and context is not None and context.flow_run is not None:
+        slot = functools.partial(slots.chunk, context.flow_run.id)  # a worker's chunk slots
+    await _deliver_here(plan, todo, progress=False, slot=slot)
     return len(todo)

@@ -4,17 +4,23 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
 import pytest
 from prefect import flow, get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+)
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Completed, Crashed, Running
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.flows import fan_out
 from campaign_trigger.services import prefect_runs
 from delivery_support import (
@@ -131,6 +137,60 @@ async def test_a_request_keeps_at_most_its_live_shares_not_ended(
         # made only once all but one of the shares before it had ended
         ended_before = sum(1 for end in ends[:k] if end is not None and end <= share.created)
         assert ended_before >= k - 1, (k, share.created, ends)
+
+
+@pytest.fixture
+def two_chunks_per_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from _settings(monkeypatch, CT_CHUNKS_PER_RUN="2")
+
+
+@pytest.fixture
+async def one_chunk_slot(
+    two_chunks_per_run: None, deployed: object, sandbox_url: str
+) -> AsyncIterator[None]:
+    """A worker with one chunk slot for shares (``--chunk-concurrency 1``)."""
+    from campaign_trigger.deployments.worker import run_worker
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_worker(concurrency=2, chunk_concurrency=1, stop=stop, poll_seconds=0.3)
+    )
+    yield
+    stop.set()
+    await asyncio.wait_for(task, timeout=60)
+
+
+async def test_the_next_share_starts_while_the_last_chunk_of_the_one_before_is_sent(
+    one_chunk_slot: None, sandbox_url: str, sandbox_state: SandboxState
+) -> None:
+    # Each handover between two shares left the only chunk slot idle ~0.5 s (the run's
+    # end, the next claim, its start, its plan): 15 % over 40 chunks of 5,000. A share
+    # on its last chunk now hands its slot on: the next share is claimed and started
+    # meanwhile, and its first chunk waits for that chunk to end.
+    sandbox_state.configure(latency_ms=700)  # each chunk lasts at least 0.7 s
+    try:
+        shares = await _delivered_through_shares(sandbox_url, users=12, chunk_size=2)
+    finally:
+        sandbox_state.configure(latency_ms=0)
+    assert [s.parameters["chunk_nos"] for s in shares] == [[0, 1], [2, 3], [4, 5]]
+    ends = [s.end_time for s in shares]
+    starts = [s.start_time for s in shares]
+    assert all(ends), ends
+    assert all(starts), starts
+    for end, start in zip(ends, starts[1:], strict=False):  # the next began before it ended
+        assert start < end, (starts, ends)
+    async with get_client() as client:
+        chunks = [
+            t
+            for t in await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[s.id for s in shares]))
+            )
+            if t.name.startswith("deliver chunk")
+        ]
+    spans = sorted((t.start_time, t.end_time) for t in chunks if t.start_time and t.end_time)
+    assert len(spans) == 6, chunks
+    for (_, end), (start, _) in itertools.pairwise(spans):  # one slot: one chunk at a time
+        assert end <= start, spans
 
 
 @flow(name="fan-out-share-probe")

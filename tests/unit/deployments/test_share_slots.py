@@ -1,0 +1,84 @@
+"""A worker's chunk slots for shares: at most ``size`` chunks at a time, and a share on its
+last chunk hands its place on at once, so the next share starts while that chunk is sent
+and its first chunk takes the slot the moment the chunk ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import anyio
+
+from campaign_trigger.deployments.worker import DeliveryWorker
+from campaign_trigger.flows.fan_out import ShareSlots
+
+
+async def test_a_share_hands_on_when_its_last_chunk_starts_and_chunks_never_overlap() -> None:
+    events: list[str] = []
+    handed_on: list[uuid.UUID] = []
+    slots = ShareSlots(1, handed_on.append)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    in_flight = 0
+
+    async def share(run: uuid.UUID, name: str, chunks: int) -> None:
+        nonlocal in_flight
+        for n in range(1, chunks + 1):
+            async with slots.chunk(run, last=n == chunks):
+                in_flight += 1
+                assert in_flight == 1
+                events.append(f"{name}{n} start")
+                await asyncio.sleep(0.02)
+                events.append(f"{name}{n} end")
+                in_flight -= 1
+
+    first_share = asyncio.create_task(share(first, "a", 2))
+    while not handed_on:  # the worker claims the next share only now
+        await asyncio.sleep(0.001)
+    assert events == ["a1 start", "a1 end", "a2 start"]
+    assert handed_on == [first]
+    await share(second, "b", 1)  # started while a2 is sent: it waits for a2's slot
+    await first_share
+    assert events == ["a1 start", "a1 end", "a2 start", "a2 end", "b1 start", "b1 end"]
+    assert handed_on == [first, second]
+
+
+async def test_two_slots_let_two_shares_send_at_once_and_no_third() -> None:
+    slots = ShareSlots(2, lambda run: None)
+    in_flight, most = 0, 0
+
+    async def chunk() -> None:
+        nonlocal in_flight, most
+        async with slots.chunk(uuid.uuid4(), last=True):
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0.02)
+            in_flight -= 1
+
+    await asyncio.gather(*(chunk() for _ in range(5)))
+    assert most == 2
+
+
+async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share() -> None:
+    worker = DeliveryWorker(concurrency=1, queue="chunks", shares_due=lambda: True)
+    worker._limiter = anyio.CapacityLimiter(1)
+    share = uuid.uuid4()
+    worker._limiter.acquire_on_behalf_of_nowait(share)
+    worker._polled = time.monotonic()
+    assert not worker.worth_polling()  # its only slot is taken
+    polled = asyncio.Event()
+
+    async def poll() -> list[object]:
+        polled.set()
+        return []
+
+    worker.get_and_submit_flow_runs = poll  # type: ignore[method-assign]
+    worker._polled = time.monotonic()
+    async with anyio.create_task_group() as group:
+        worker._runs_task_group = group
+        worker.hand_on(share)
+        await asyncio.wait_for(polled.wait(), timeout=5)
+    assert worker._limiter.available_tokens == 1
+    assert worker.worth_polling()
+    worker._release_limit_slot(share)  # the run's end releases again: nothing happens
+    assert worker._limiter.available_tokens == 1
