@@ -120,19 +120,29 @@ def wait_http(url: str, timeout: float = 90) -> None:
     raise TimeoutError(url)
 
 
-def report_links(api: str, headers: dict[str, str], request_id: str) -> list[str]:
-    """The request's report links, polled every 0.1 s until they answer.
+def report_links(
+    api: str, headers: dict[str, str], request_id: str, *, timeout: float
+) -> list[str]:
+    """The request's report links, polled every 0.1 s until they answer; TimeoutError
+    with the last answer after ``timeout`` seconds (a request that failed, or a worker
+    that died, fails the benchmark instead of hanging it).
 
     One client for every poll: ``httpx.get`` builds a client (and its TLS context) per
     call, ~26 ms of CPU, so polling with it took a fifth of a core from the stack being
     measured; a kept connection costs ~0.5 ms a poll.
     """
+    deadline = time.monotonic() + timeout
     with httpx.Client(headers=headers, timeout=30) as client:
         while True:
             answer = client.get(f"{api}/api/campaigns/report", params={"request_id": request_id})
             if answer.status_code == 200:
                 links: list[str] = answer.json()["reports"]
                 return links
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no report for {request_id} after {timeout:.0f} s: "
+                    f"{answer.status_code} {answer.text}"
+                )
             time.sleep(0.1)
 
 

@@ -218,7 +218,7 @@ def upload_to_report(api: str, token: str, campaign_id: str, upload: Path, users
     answered = time.time()
     created.raise_for_status()
     request_id = created.json()["request_id"]
-    reports = report_links(api, headers, request_id)
+    reports = report_links(api, headers, request_id, timeout=3600)
     links = time.time()
     rows = check_report(reports, users)
     return Run(request_id, started, answered, links, rows)

@@ -186,7 +186,7 @@ def upload_to_report(api: str, email: str, campaign_id: str, users: int) -> floa
     )
     created.raise_for_status()
     request_id = created.json()["request_id"]
-    reports = report_links(api, {"Authorization": token}, request_id)
+    reports = report_links(api, {"Authorization": token}, request_id, timeout=600)
     elapsed = time.monotonic() - started
     rows = []
     for link in reports:

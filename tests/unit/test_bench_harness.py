@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import http.server
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ import pytest
 # (appended: nothing installed is shadowed).
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
-from harness import SHARED_STACK, knee_verdict, private_stack, result
+from harness import SHARED_STACK, knee_verdict, private_stack, report_links, result
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
 
@@ -128,3 +132,33 @@ def test_a_plain_private_stack_is_the_shared_one_when_the_environment_names_it(
     with private_stack() as home:
         assert home == tmp_path
     assert tmp_path.exists()  # the stack's owner removes it, not its guests
+
+
+@pytest.fixture
+def never_processed() -> Iterator[str]:
+    """An API whose report route always answers that the request is not processed."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"error": "not processed yet"}'
+            self.send_response(409)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_waiting_for_a_report_that_never_comes_fails_after_the_timeout(
+    never_processed: str,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no report for r-1 after 0 s: 409"):
+        report_links(never_processed, {}, "r-1", timeout=0.3)
+    assert time.monotonic() - started < 5
