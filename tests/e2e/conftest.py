@@ -54,10 +54,11 @@ WorkerFactory = Callable[..., ManagedProcess]
 def start_worker(
     deployed_server: ManagedProcess, sandbox: Sandbox, session_dir: Path
 ) -> Iterator[WorkerFactory]:
-    """Start ``campaign-trigger worker`` processes (fast polls and worker heartbeats)."""
+    """Start ``campaign-trigger worker`` processes (fast polls and worker heartbeats),
+    with more command-line ``options`` and environment ``env`` if given."""
     workers: list[ManagedProcess] = []
 
-    def start(**env: str) -> ManagedProcess:
+    def start(*options: str, **env: str) -> ManagedProcess:
         argv = [
             sys.executable,
             "-m",
@@ -69,6 +70,7 @@ def start_worker(
             "0.3",
             "--heartbeat-seconds",
             "1",
+            *options,
         ]
         worker = ManagedProcess(
             "worker",

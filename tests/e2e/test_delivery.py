@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -159,15 +160,18 @@ async def _killed_mid_chunk(
     env: dict[str, str],
     chunk_size: int,
     kill_at: int,
+    options: tuple[str, ...] = (),
+    until: Callable[[str], Awaitable[bool]] | None = None,
 ) -> Killed:
     """A send-now request of ``KILL_USERS`` (one Android device each) to a worker started
-    with ``env``, SIGKILLed at full speed once the sandbox got ``kill_at`` of its messages.
+    with ``options`` and ``env``, SIGKILLed at full speed once the sandbox got ``kill_at``
+    of its messages (and, if given, ``until(request_id)`` holds).
 
     The kill caught sends in flight, at most ``KILL_CONCURRENCY``: a provider's slots are
     shared by every chunk of the process sending to its app (``delivery/sending.py``),
     however many of them run at once.
     """
-    worker = start_worker(**env)
+    worker = start_worker(*options, **env)
     tenant = seed_tenant()
     prefix = f"kill-{uuid.uuid4().hex[:6]}"
     users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
@@ -179,8 +183,13 @@ async def _killed_mid_chunk(
 
     before = len(sandbox.state.deliveries)
     deadline = time.monotonic() + 120
-    while len(sandbox.state.deliveries) - before < kill_at:
-        assert time.monotonic() < deadline, f"delivery did not start:\n{worker.log_tail()}"
+    while len(sandbox.state.deliveries) - before < kill_at or (
+        until is not None and not await until(request_id)
+    ):
+        assert time.monotonic() < deadline, (
+            f"the moment to kill never came ({len(sandbox.state.deliveries) - before} "
+            f"of {kill_at} messages):\n{worker.log_tail()}"
+        )
         await asyncio.sleep(0.002)
     worker.kill()
     await asyncio.sleep(1.0)  # requests already on the wire land
@@ -193,13 +202,18 @@ async def _killed_mid_chunk(
 
 
 async def _taken_over(
-    start_worker: WorkerFactory, sandbox: Sandbox, killed: Killed, *, env: dict[str, str]
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+    killed: Killed,
+    *,
+    env: dict[str, str],
+    options: tuple[str, ...] = (),
 ) -> None:
     """A new worker started with ``env`` takes the request over (Prefect marks the run dead:
     no heartbeat) and completes it. Counted at the sandbox: nobody is missing, at most the
     messages in flight at the kill went twice, each second copy with the first one's
     collapse id; the report has every user once."""
-    start_worker(**env)
+    start_worker(*options, **env)
     run = await wait_for_state(killed.request_id, "COMPLETED", "FAILED", timeout=240)
     assert state_name(run) == "COMPLETED", run.state
     counts = sandbox.delivered(killed.tokens)
@@ -291,6 +305,47 @@ async def test_a_worker_killed_before_every_share_is_made_resends_at_most_the_me
     assert {s.id for s in made} <= {s.id for s in shares}
     assert {state_name(s) for s in shares} == {"COMPLETED"}
     print(f"{len(made)} of {SHARE_COUNT} shares made at the kill, {killed.chunks} chunks complete")
+
+
+async def _claimed_ahead(request_id: str) -> bool:
+    """Whether two of the request's shares run: one sending its chunk, the next claimed
+    ahead and waiting for the only chunk slot."""
+    return sum(1 for s in await _shares(request_id) if state_name(s) == "RUNNING") >= 2
+
+
+async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_messages_in_flight(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+) -> None:
+    """SIGKILL mid-chunk while the next share, claimed ahead of its turn (a share on its
+    last chunk hands its slot on), waits for the worker's only chunk slot; a new worker
+    takes both over. Counted as above."""
+    env = {
+        "CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY),
+        "CT_CHUNKS_PER_RUN": "1",  # every chunk is its share's last
+        "CT_LIVE_SHARES": "3",
+    }
+    options = ("--chunk-concurrency", "1")
+    killed = await _killed_mid_chunk(
+        start_worker,
+        sandbox,
+        env=env,
+        options=options,
+        chunk_size=SHARE_CHUNK_SIZE,
+        kill_at=SHARE_CHUNK_SIZE + SHARE_CHUNK_SIZE // 4,
+        until=_claimed_ahead,
+    )
+    assert killed.recorded > killed.chunks * SHARE_CHUNK_SIZE  # a chunk under way
+    running = [s for s in await _shares(killed.request_id) if state_name(s) == "RUNNING"]
+    # one share sending, one claimed ahead that has not begun (no chunk of its own recorded)
+    assert len(running) == 2, [(s.parameters, state_name(s)) for s in running]
+    ahead = max(s.parameters["chunk_nos"][0] for s in running)
+    assert ahead == killed.chunks + 1, (ahead, killed.chunks)
+
+    await _taken_over(start_worker, sandbox, killed, env=env, options=options)
+    shares = await _shares(killed.request_id)
+    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(SHARE_COUNT)]
+    assert {state_name(s) for s in shares} == {"COMPLETED"}
 
 
 async def test_a_request_accepted_while_prefect_is_down_is_delivered_once_it_is_back(
