@@ -137,11 +137,18 @@ def worker(
         ),
     ] = 2,
     poll_seconds: Annotated[
-        float, typer.Option(help="Seconds between polls of the pool (its chunks queue: 4x).")
+        float,
+        typer.Option(
+            help="Seconds between ticks: a queue is polled at the next tick once a run is "
+            "scheduled in it, else every 2nd (requests) or 4th (shares)."
+        ),
     ] = 0.5,
     prefetch_seconds: Annotated[
-        float, typer.Option(help="Claim runs due within this many seconds.")
-    ] = 1.5,
+        float,
+        typer.Option(
+            help="Claim runs due within this many seconds (at least two ticks: never late)."
+        ),
+    ] = 2.0,
     heartbeat_seconds: Annotated[
         int, typer.Option(help="Seconds between the worker's heartbeats to Prefect.")
     ] = 10,

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import re
 import signal
@@ -51,14 +52,18 @@ from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker
 from campaign_trigger import logs, metrics
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.providers import close_providers
-from campaign_trigger.deployments import catalog, suspension, upkeep
+from campaign_trigger.deployments import catalog, suspension, upkeep, wakeup
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
 from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
 from campaign_trigger.flows import fan_out
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
-CHUNKS_IDLE_POLL_FACTOR = 4
+# Without an event a queue is polled every IDLE_POLL_FACTOR[queue]-th tick: requests
+# scheduled ahead come due there (the prefetch covers that interval); a share is due
+# when it is made, and its event or its maker's own polls (shares_due) start it.
+IDLE_POLL_FACTOR = {"default": 2, "chunks": 4}
+TICK_JITTER = 1.3  # Prefect's polling loop spaces ticks up to 1.3x poll_seconds apart
 KEEP_READY_SECONDS = 30.0
 
 
@@ -106,7 +111,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor, self._shares_due = idle_poll_factor, shares_due
-        self._ticks, self._polled = 0, 0.0
+        self._ticks, self._polled, self._woken = 0, 0.0, False
 
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
@@ -117,24 +122,29 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         request, with none nothing (docs/benchmarks.md)."""
         return {}
 
+    def wake(self) -> None:
+        """A run was scheduled in this worker's queue (:mod:`wakeup`): poll at the next
+        tick with a free slot."""
+        self._woken = True
+
     def worth_polling(self) -> bool:
         """Whether this tick polls the pool for due runs: not while every slot is taken
-        (nothing could be taken), nor, unless shares are due (:func:`shares_due`), at ticks
-        other than every ``idle_poll_factor``-th (the chunks queue: its shares are made by
-        a request fanning out, here or on another worker); but at least every
-        ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s as not ready).
-        A poll costs the Prefect server ~20 ms of CPU (docs/benchmarks.md)."""
+        (nothing could be taken); else if a run was scheduled in the queue since the last
+        poll (:meth:`wake`) or shares are due (:func:`shares_due`), or at every
+        ``idle_poll_factor``-th tick (runs scheduled ahead coming due, events missed); and
+        at least every ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s
+        as not ready). A poll costs the Prefect server ~23 ms of CPU (docs/benchmarks.md)."""
         self._ticks += 1
         if time.monotonic() - self._polled >= KEEP_READY_SECONDS:
             return True
         if self._limiter is not None and self._limiter.available_tokens < 1:
             return False
-        return self._ticks % self.idle_poll_factor == 0 or self._shares_due()
+        return self._woken or self._ticks % self.idle_poll_factor == 0 or self._shares_due()
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
         if not self.worth_polling():
             return []
-        self._polled = time.monotonic()
+        self._polled, self._woken = time.monotonic(), False  # a wake from now on: next tick
         return await super().get_and_submit_flow_runs()
 
     @property
@@ -284,7 +294,7 @@ async def run_worker(
     chunk_concurrency: int = 2,
     stop: asyncio.Event | None = None,
     poll_seconds: float = 0.5,
-    prefetch_seconds: float = 1.5,
+    prefetch_seconds: float = 2.0,
     heartbeat_seconds: int = 10,
     reconcile: bool = True,
 ) -> None:
@@ -299,20 +309,22 @@ async def run_worker(
     if stop.is_set():
         return
     name = new_worker_name()
+    # A request scheduled ahead is claimed at an idle poll as it comes within the prefetch,
+    # which covers their interval (whole seconds: Prefect rounds it down), so never late;
+    # the server holds the claimed run's start until its time.
+    idle = poll_seconds * IDLE_POLL_FACTOR["default"] * TICK_JITTER
+    prefetch = max(prefetch_seconds, math.ceil(idle))
     workers = [
         DeliveryWorker(
             concurrency=limit,
             queue=queue,
             name=f"{name}-{queue}",
-            prefetch_seconds=prefetch_seconds,
+            prefetch_seconds=prefetch,
             heartbeat_seconds=heartbeat_seconds,
-            idle_poll_factor=factor,
+            idle_poll_factor=IDLE_POLL_FACTOR[queue],
             shares_due=lambda: shares_due(workers),
         )
-        for queue, limit, factor in (
-            ("default", concurrency, 1),
-            ("chunks", chunk_concurrency, CHUNKS_IDLE_POLL_FACTOR),
-        )
+        for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
     # Flow-run heartbeats every 30 s (Prefect's minimum): how a dead worker is noticed.
     # One Prefect client for every run (the engine would open one per run: a connection
@@ -322,14 +334,17 @@ async def run_worker(
         with temporary_settings(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
-            # The chunks queue holds the shares of large requests only: it is polled at
-            # every tick while this process fans a request out or runs a share (the
-            # shares start within one; a share's end polls at once, for the next one),
-            # else at every CHUNKS_IDLE_POLL_FACTOR-th tick (a poll costs the server).
+            # A queue is polled at the next tick once a run is scheduled in it (Prefect's
+            # events, wakeup.py), else every IDLE_POLL_FACTOR-th tick (a poll costs the
+            # server ~23 ms of CPU); the chunks queue also at every tick while this process fans a
+            # request out or runs a share, and at once when a share ends or hands on.
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1].hand_on)
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(
-                upkeep.run_loops(workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile)
+                upkeep.run_loops(
+                    workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile
+                ),
+                wakeup.wake_on_scheduled(workers, stop),
             )
             logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
             try:

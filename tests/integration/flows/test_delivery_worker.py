@@ -1,7 +1,8 @@
 """The delivery worker is a Prefect worker of its pool: it shows in the pool's worker
-list, its pool offers no job variable, a paused pool gets nothing claimed, a pool
-concurrency limit of one runs one delivery at a time, every request's steps are task
-runs, and a run suspended in the UI stops at its next step."""
+list, a run scheduled in its queue wakes it, its pool offers no job variable, a paused
+pool gets nothing claimed, a pool concurrency limit of one runs one delivery at a time,
+every request's steps are task runs, and a run suspended in the UI stops at its next
+step."""
 
 from __future__ import annotations
 
@@ -66,6 +67,31 @@ async def test_the_worker_shows_online_in_its_pools_worker_list(worker: None) ->
             assert time.monotonic() < deadline, workers
             await asyncio.sleep(0.5)
     assert all(w.last_heartbeat_time is not None for w in online)
+
+
+async def test_a_request_wakes_the_worker_of_its_queue_through_prefects_events(
+    worker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An idle worker polls its queues every 4th tick only (a poll costs the Prefect server
+    # ~23 ms of CPU); the server's flow-run Scheduled event makes it poll at the next one.
+    woken: list[str] = []
+    wake = DeliveryWorker.wake
+
+    def recorded(self: DeliveryWorker) -> None:
+        woken.append(self.queue)
+        wake(self)
+
+    monkeypatch.setattr(DeliveryWorker, "wake", recorded)
+    # The first request is delivered as the worker subscribes to the events (one made
+    # before would be neither streamed nor, not yet written, replayed); the second wakes.
+    for _ in range(2):
+        woken.clear()
+        [request_id] = _one_user_requests(1)
+        await drain()
+        run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
+        assert state_name(run) == "COMPLETED", run.state if run else None
+    assert "default" in woken
+    assert "chunks" not in woken  # a one-chunk request makes no share
 
 
 async def test_a_paused_pool_gets_no_run_claimed_until_it_is_resumed(

@@ -1,7 +1,8 @@
-"""When a delivery worker polls its queue: every tick while shares are due to its process
-(a request of its own fanning out, or a share running), every ``idle_poll_factor``-th
-tick else, never while every slot is taken, and at least every ``KEEP_READY_SECONDS``
-whatever the rest."""
+"""When a delivery worker polls its queue: at the next tick once a run is scheduled in it
+(a Prefect event woke it), every tick while shares are due to its process (a request of
+its own fanning out, or a share running), every ``idle_poll_factor``-th tick else, never
+while every slot is taken, and at least every ``KEEP_READY_SECONDS`` whatever the rest;
+which queue an event wakes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import uuid
 
 import anyio
 import pytest
+from prefect.events.schemas.events import Event
+from prefect.workers.base import BaseWorker
 
+from campaign_trigger.deployments.catalog import DELIVERY_POOL
+from campaign_trigger.deployments.wakeup import queue_of
 from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWorker, shares_due
 from campaign_trigger.flows import fan_out
 
@@ -62,3 +67,47 @@ async def test_shares_are_due_while_a_request_fans_out_or_a_share_runs_not_for_r
     monkeypatch.setattr(fan_out, "fanning_out", set())
     chunks.active[uuid.uuid4()] = asyncio.current_task()  # type: ignore[assignment]
     assert shares_due(workers)
+
+
+async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_idles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = _just_polled(busy=False, taken=2)
+    worker.wake()
+    assert not worker.worth_polling()  # every slot taken: it stays woken
+    worker._limiter.release_on_behalf_of(0)
+    polled: list[DeliveryWorker] = []
+
+    async def poll(self: DeliveryWorker) -> list[object]:
+        polled.append(self)
+        return []
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    await worker.get_and_submit_flow_runs()  # tick 2, off the idle pace: woken
+    assert polled == [worker]
+    assert _ticks(worker, 3) == [False, True, False]  # used up: ticks 3-5, the 4th polls
+
+
+def _scheduled(pool: str, queue: str) -> Event:
+    return Event(
+        event="prefect.flow-run.Scheduled",
+        resource={"prefect.resource.id": f"prefect.flow-run.{uuid.uuid4()}"},
+        related=[
+            {
+                "prefect.resource.id": f"prefect.work-pool.{uuid.uuid4()}",
+                "prefect.resource.role": "work-pool",
+                "prefect.resource.name": pool,
+            },
+            {
+                "prefect.resource.id": f"prefect.work-queue.{uuid.uuid4()}",
+                "prefect.resource.role": "work-queue",
+                "prefect.resource.name": queue,
+            },
+        ],
+    )
+
+
+def test_an_event_names_the_delivery_pools_queue_its_run_is_scheduled_in() -> None:
+    assert queue_of(_scheduled(DELIVERY_POOL, "chunks")) == "chunks"
+    assert queue_of(_scheduled(DELIVERY_POOL, "default")) == "default"
+    assert queue_of(_scheduled("another-pool", "default")) is None
