@@ -52,7 +52,7 @@ class ShareSlots:
     its last chunk calls ``hand_on`` with its run's id: the worker frees the share's place
     in its chunks queue and claims the next share at once, so that share's claim, start
     and plan happen while the chunk is sent, and its first chunk takes the slot the
-    moment the chunk ends. Without it each share handover left the slot idle ~0.5 s
+    moment the chunk ends. Without it each share handover left the slot idle 0.2-0.5 s
     (docs/benchmarks.md, per-chunk overhead through shares). A share claimed ahead waits
     at most one chunk, so it is never held from an idle worker for long.
     """
