@@ -163,10 +163,12 @@ async def _killed_mid_chunk(
     kill_at: int,
     options: tuple[str, ...] = (),
     until: Callable[[str], Awaitable[bool]] | None = None,
+    latency_ms: float = 0,
 ) -> Killed:
     """A send-now request of ``KILL_USERS`` (one Android device each) to a worker started
-    with ``options`` and ``env``, SIGKILLed at full speed once the sandbox got ``kill_at``
-    of its messages (and, if given, ``until(request_id)`` holds).
+    with ``options`` and ``env``, SIGKILLed once the sandbox got ``kill_at`` of its
+    messages (and, if given, ``until(request_id)`` holds). Up to the kill the sandbox
+    answers each message after ``latency_ms`` (at full speed if 0).
 
     The kill caught sends in flight, at most ``KILL_CONCURRENCY``: a provider's slots are
     shared by every chunk of the process sending to its app (``delivery/sending.py``),
@@ -184,16 +186,21 @@ async def _killed_mid_chunk(
 
     before = len(sandbox.state.deliveries)
     deadline = time.monotonic() + 120
-    while len(sandbox.state.deliveries) - before < kill_at or (
-        until is not None and not await until(request_id)
-    ):
-        assert time.monotonic() < deadline, (
-            f"the moment to kill never came ({len(sandbox.state.deliveries) - before} "
-            f"of {kill_at} messages):\n{worker.log_tail()}"
-        )
-        await asyncio.sleep(0.002)
-    worker.kill()
-    await asyncio.sleep(1.0)  # requests already on the wire land
+    latency = sandbox.state.latency_ms
+    sandbox.state.configure(latency_ms=latency_ms)
+    try:
+        while len(sandbox.state.deliveries) - before < kill_at or (
+            until is not None and not await until(request_id)
+        ):
+            assert time.monotonic() < deadline, (
+                f"the moment to kill never came ({len(sandbox.state.deliveries) - before} "
+                f"of {kill_at} messages):\n{worker.log_tail()}"
+            )
+            await asyncio.sleep(0.002)
+        worker.kill()
+        await asyncio.sleep(1.0)  # requests already on the wire land
+    finally:
+        sandbox.state.configure(latency_ms=latency)
     chunks, recorded = _recorded(request_id)
     delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
     killed = Killed(request_id, tenant, users, tokens, chunks, recorded, delivered)
@@ -336,7 +343,12 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
 ) -> None:
     """SIGKILL mid-chunk while the next share, claimed ahead of its turn (a share on its
     last chunk hands its slot on), waits for the worker's only chunk slot; a new worker
-    takes both over. Counted as above."""
+    takes both over. Counted as above.
+
+    The sandbox answers each message after 60 ms, so a chunk takes about 1.5 s: at full
+    speed a chunk took 0.4 s on a fast machine, and the moment (the next share Running,
+    the chunk under way not 3/4 sent) lasted some 70 ms, less than the test needs to see
+    it."""
     env = {
         "CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY),
         "CT_CHUNKS_PER_RUN": "1",  # every chunk is its share's last
@@ -351,6 +363,7 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
         chunk_size=SHARE_CHUNK_SIZE,
         kill_at=SHARE_CHUNK_SIZE + SHARE_CHUNK_SIZE // 4,
         until=_claimed_ahead,
+        latency_ms=60,
     )
     assert killed.recorded > killed.chunks * SHARE_CHUNK_SIZE  # a chunk under way
     # the share sending its chunk, and the next one, claimed ahead, not begun
