@@ -97,6 +97,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         name: str | None = None,
         idle_poll_factor: int = 1,
         shares_due: Callable[[], bool] = lambda: False,
+        wake_gap: float = 0.5,
     ) -> None:
         super().__init__(
             work_pool_name=catalog.DELIVERY_POOL,
@@ -111,6 +112,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor, self._shares_due = idle_poll_factor, shares_due
+        self.wake_gap, self._wake_poll_due = wake_gap, False
         self._ticks, self._polled, self._woken = 0, 0.0, False
 
     @classmethod
@@ -123,9 +125,23 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return {}
 
     def wake(self) -> None:
-        """A run was scheduled in this worker's queue (:mod:`wakeup`): poll at the next
-        tick with a free slot."""
+        """A run was scheduled in this worker's queue (:mod:`wakeup`): poll at once, or
+        once the last poll is ``wake_gap`` old, if a slot is free then (else at the next
+        tick with a free slot). Polling at once saves a send-now request the wait for the
+        next tick (up to ``poll_seconds`` times Prefect's jitter); the gap keeps a busy
+        worker, woken by every request, polling no more often than its ticks would."""
         self._woken = True
+        if self._runs_task_group is not None and not self._wake_poll_due:
+            self._wake_poll_due = True
+            self._runs_task_group.start_soon(self._poll_when_woken)
+
+    async def _poll_when_woken(self) -> None:
+        try:
+            await asyncio.sleep(self._polled + self.wake_gap - time.monotonic())
+            if self._woken:  # else a tick polled meanwhile
+                await self._poll_now()
+        finally:
+            self._wake_poll_due = False
 
     def worth_polling(self) -> bool:
         """Whether this tick polls the pool for due runs: not while every slot is taken
@@ -323,6 +339,7 @@ async def run_worker(
             heartbeat_seconds=heartbeat_seconds,
             idle_poll_factor=IDLE_POLL_FACTOR[queue],
             shares_due=lambda: shares_due(workers),
+            wake_gap=poll_seconds,
         )
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
@@ -334,10 +351,11 @@ async def run_worker(
         with temporary_settings(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
-            # A queue is polled at the next tick once a run is scheduled in it (Prefect's
-            # events, wakeup.py), else every IDLE_POLL_FACTOR-th tick (a poll costs the
-            # server ~23 ms of CPU); the chunks queue also at every tick while this process fans a
-            # request out or runs a share, and at once when a share ends or hands on.
+            # A queue is polled at once when a run is scheduled in it (Prefect's events,
+            # wakeup.py; at most every poll_seconds, else at the next tick), else every
+            # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
+            # queue also at every tick while this process fans a request out or runs a
+            # share, and at once when a share ends or hands on.
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1].hand_on)
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(

@@ -125,13 +125,16 @@ async def run_reconciler(
     """Drain the outbox when notified, and every ``interval`` seconds, until ``stop``
     (a session from ``sessions`` per drain).
 
-    A notification is followed by :data:`GATHER_SECONDS` before the drain, so that the
-    requests accepted meanwhile go to Prefect in the same bulk call: drained one by one
-    (a read, a call to Prefect, a write each), the flow runs of bench/api_create_cpu.py's
-    creates took more of the API's CPU than its scheduled lists."""
+    A notification drains at once if the last drain began :data:`GATHER_SECONDS` ago or
+    more (the first request after a quiet spell, a one-time code say, waits for
+    nothing), else once it has: the requests accepted meanwhile go to Prefect in the
+    same bulk call. Drained one by one (a read, a call to Prefect, a write each), the
+    flow runs of bench/api_create_cpu.py's creates took more of the API's CPU than its
+    scheduled lists."""
     stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
     wake = asyncio.Event()
-    entry = (asyncio.get_running_loop(), wake)
+    entry = (loop, wake)
     with _wake_lock:
         _wakers.append(entry)
     failures = 0
@@ -142,12 +145,14 @@ async def run_reconciler(
                 async with get_client() as client:  # one client while all goes well
                     while not stop.is_set():
                         wake.clear()
+                        drained = loop.time()
                         with sessions() as session:
                             await drain_outbox(session=session, client=client)
                         failures = 0
                         await _wait(wake, stop, interval)
-                        if wake.is_set() and not stop.is_set():
-                            await _wait(asyncio.Event(), stop, GATHER_SECONDS)
+                        gathered = drained + GATHER_SECONDS - loop.time()
+                        if wake.is_set() and not stop.is_set() and gathered > 0:
+                            await _wait(asyncio.Event(), stop, gathered)
             except Exception as exc:  # Prefect down, database busy: try again later
                 failures += 1
                 prefect_runs.forget_deployment_id()

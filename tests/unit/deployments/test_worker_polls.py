@@ -1,8 +1,8 @@
-"""When a delivery worker polls its queue: at the next tick once a run is scheduled in it
-(a Prefect event woke it), every tick while shares are due to its process (a request of
-its own fanning out, or a share running), every ``idle_poll_factor``-th tick else, never
-while every slot is taken, and at least every ``KEEP_READY_SECONDS`` whatever the rest;
-which queue an event wakes."""
+"""When a delivery worker polls its queue: at once when a run is scheduled in it (a
+Prefect event woke it), or once its last poll is ``wake_gap`` old; every tick while shares
+are due to its process (a request of its own fanning out, or a share running), every
+``idle_poll_factor``-th tick else, never while every slot is taken, and at least every
+``KEEP_READY_SECONDS`` whatever the rest; which queue an event wakes."""
 
 from __future__ import annotations
 
@@ -111,3 +111,50 @@ def test_an_event_names_the_delivery_pools_queue_its_run_is_scheduled_in() -> No
     assert queue_of(_scheduled(DELIVERY_POOL, "chunks")) == "chunks"
     assert queue_of(_scheduled(DELIVERY_POOL, "default")) == "default"
     assert queue_of(_scheduled("another-pool", "default")) is None
+
+
+async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    polled: list[float] = []
+
+    async def poll(self: DeliveryWorker) -> list[object]:
+        polled.append(time.monotonic())
+        return []
+
+    async def until_polled(count: int, within: float) -> None:
+        deadline = time.monotonic() + within
+        while len(polled) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    worker = _just_polled(busy=False, taken=1)
+    worker.wake_gap = 1.0
+    async with anyio.create_task_group() as group:
+        worker._runs_task_group = group
+        worker._polled -= 2.0  # the last poll a while ago: at once
+        woken = time.monotonic()
+        worker.wake()
+        worker.wake()  # a second wake meanwhile: one poll
+        await until_polled(1, within=0.5)
+        assert len(polled) == 1
+        assert polled[0] - woken < 0.5
+
+        worker.wake()  # polled just now: once the gap has passed
+        await asyncio.sleep(0.5)
+        assert len(polled) == 1
+        await until_polled(2, within=1.5)
+        assert len(polled) == 2
+        assert polled[1] - polled[0] >= worker.wake_gap * 0.99
+
+        worker.wake()
+        await worker.get_and_submit_flow_runs()  # a tick polls before the gap has passed
+        await asyncio.sleep(1.2)
+        assert len(polled) == 3  # the wake was used up: no second poll
+
+        worker._polled -= 2.0
+        worker._limiter.acquire_on_behalf_of_nowait("the last slot")
+        worker.wake()  # every slot taken: nothing could be claimed
+        await asyncio.sleep(0.2)
+        assert len(polled) == 3
+        assert worker._woken  # the next tick with a free slot polls
