@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prefect import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.states import Cancelled
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox import running_sandbox
 from campaign_trigger.delivery.sandbox_rules import SandboxState
+from campaign_trigger.services import prefect_runs
 from support import ManagedProcess, free_port
 
 
@@ -90,3 +94,27 @@ def start_worker(
     yield start
     for worker in workers:
         worker.stop()
+    asyncio.run(end_leftover_runs())
+
+
+async def end_leftover_runs() -> None:
+    """Cancel the delivery runs a test left unfinished (it failed, or killed a worker and
+    stopped before a new one took over): the next test's worker would otherwise take them
+    over, and one failure would show as two."""
+    unfinished = [
+        StateType.SCHEDULED,
+        StateType.PENDING,
+        StateType.RUNNING,
+        StateType.CANCELLING,
+        StateType.PAUSED,
+    ]
+    async with get_client() as client:
+        runs = await prefect_runs.runs_in_states(client, states=unfinished)
+        runs += await prefect_runs.runs_in_states(
+            client, states=[StateType.CRASHED], names=[prefect_runs.DEAD_RUN_STATE_NAME]
+        )
+        for run in runs:
+            print(f"cancelling run {run.name} ({run.state_name}), left by the test")
+            await client.set_flow_run_state(
+                run.id, Cancelled(message="left by an e2e test"), force=True
+            )
