@@ -369,7 +369,7 @@ async def run_worker(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
             # A queue is polled at once when a run is scheduled in it (Prefect's events,
-            # wakeup.py; at most every poll_seconds, else at the next tick), else every
+            # wakeup.py; wakes poll at most every poll_seconds), else every
             # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
             # queue also at every tick while this process fans a request out or runs a
             # share, and at once when a share ends or hands on.
