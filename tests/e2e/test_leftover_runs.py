@@ -10,8 +10,8 @@ import pytest
 from delivery_support import (
     add_devices,
     add_request,
-    drain,
     bulk_audience,
+    drain,
     read_run,
     seed_tenant,
     state_name,

@@ -139,8 +139,8 @@ def worker(
     poll_seconds: Annotated[
         float,
         typer.Option(
-            help="Seconds between ticks: a queue is polled at the next tick once a run is "
-            "scheduled in it, else every 2nd (requests) or 4th (shares)."
+            help="Seconds between ticks: a queue is polled at once when a run is scheduled "
+            "in it (at most once a tick), else every 2nd (requests) or 4th (shares) tick."
         ),
     ] = 0.5,
     prefetch_seconds: Annotated[

@@ -6,8 +6,8 @@ every idle worker more. The server announces each run it schedules as a
 ``prefect.flow-run.Scheduled`` event (or ``Late``, ``AwaitingRetry``...), naming the
 run's pool and queue among its related resources. One subscription per worker process
 (Prefect's event stream, a websocket) marks the queue woken
-(:meth:`DeliveryWorker.wake`), and the queue is polled at once (at most every
-``poll_seconds``: else at the worker's next tick).
+(:meth:`DeliveryWorker.wake`), and the queue is polled at once (wakes poll at most
+every ``poll_seconds``).
 Without an event a queue is polled every ``IDLE_POLL_FACTOR``-th tick, which also picks
 up runs scheduled ahead as their time comes (the worker's prefetch covers that
 interval) and runs whose event was missed while the stream was down.

@@ -112,7 +112,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor, self._shares_due = idle_poll_factor, shares_due
-        self.wake_gap, self._wake_poll_due = wake_gap, False
+        self.wake_gap, self._wake_poll_due, self._wake_polled = wake_gap, False, 0.0
         self._ticks, self._polled, self._woken = 0, 0.0, False
 
     @classmethod
@@ -125,11 +125,11 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return {}
 
     def wake(self) -> None:
-        """A run was scheduled in this worker's queue (:mod:`wakeup`): poll at once, or
-        once the last poll is ``wake_gap`` old, if a slot is free then (else at the next
-        tick with a free slot). Polling at once saves a send-now request the wait for the
-        next tick (up to ``poll_seconds`` times Prefect's jitter); the gap keeps a busy
-        worker, woken by every request, polling no more often than its ticks would."""
+        """A run was scheduled in this worker's queue (:mod:`wakeup`): poll at once if a
+        slot is free (else at the next tick with a free slot). Polling at once saves a
+        send-now request the wait for the next tick (up to ``poll_seconds`` times
+        Prefect's jitter). Wakes poll at most every ``wake_gap``: a busy worker, woken
+        by every request, polls no more often than its ticks would."""
         self._woken = True
         if self._runs_task_group is not None and not self._wake_poll_due:
             self._wake_poll_due = True
@@ -137,8 +137,9 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
 
     async def _poll_when_woken(self) -> None:
         try:
-            await asyncio.sleep(self._polled + self.wake_gap - time.monotonic())
+            await asyncio.sleep(self._wake_polled + self.wake_gap - time.monotonic())
             if self._woken:  # else a tick polled meanwhile
+                self._wake_polled = time.monotonic()
                 await self._poll_now()
         finally:
             self._wake_poll_due = False
@@ -146,22 +147,44 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
     def worth_polling(self) -> bool:
         """Whether this tick polls the pool for due runs: not while every slot is taken
         (nothing could be taken); else if a run was scheduled in the queue since the last
-        poll (:meth:`wake`) or shares are due (:func:`shares_due`), or at every
+        poll (:meth:`wake`), or, unless the last poll (a wake's, a share's hand-on) is
+        less than ``wake_gap`` old, if shares are due (:func:`shares_due`) or at every
         ``idle_poll_factor``-th tick (runs scheduled ahead coming due, events missed); and
         at least every ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s
         as not ready). A poll costs the Prefect server ~23 ms of CPU (docs/benchmarks.md)."""
         self._ticks += 1
-        if time.monotonic() - self._polled >= KEEP_READY_SECONDS:
+        since = time.monotonic() - self._polled
+        if since >= KEEP_READY_SECONDS:
             return True
-        if self._limiter is not None and self._limiter.available_tokens < 1:
+        if not self._slot_free():
             return False
-        return self._woken or self._ticks % self.idle_poll_factor == 0 or self._shares_due()
+        if self._woken:
+            return True
+        return since >= self.wake_gap and (
+            self._ticks % self.idle_poll_factor == 0 or self._shares_due()
+        )
+
+    def _slot_free(self) -> bool:
+        return self._limiter is None or self._limiter.available_tokens >= 1
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        """A tick of Prefect's polling loop: poll if :meth:`worth_polling`."""
         if not self.worth_polling():
             return []
-        self._polled, self._woken = time.monotonic(), False  # a wake from now on: next tick
+        return await self._poll()
+
+    async def _poll(self) -> list[FlowRun]:
+        self._polled, self._woken = time.monotonic(), False  # a wake from now on: poll again
         return await super().get_and_submit_flow_runs()
+
+    async def _poll_now(self) -> None:
+        """Poll now, off the ticks, if a slot is free."""
+        if not self._slot_free():
+            return
+        try:
+            await self._poll()
+        except Exception as exc:  # the polling loop tries again on its own
+            logger.warning("poll of the %s queue failed: %r", self.queue, exc)
 
     @property
     def claim_message(self) -> str:
@@ -231,12 +254,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self._release_limit_slot(flow_run_id)  # released again at the run's end: a no-op
         if self._runs_task_group is not None:
             self._runs_task_group.start_soon(self._poll_now)
-
-    async def _poll_now(self) -> None:
-        try:
-            await self.get_and_submit_flow_runs()
-        except Exception as exc:  # the polling loop tries again on its own
-            logger.warning("poll of the %s queue failed: %r", self.queue, exc)
 
     async def _flow_of(self, flow_run: FlowRun) -> Flow[..., Any]:
         """The flow of the run's deployment, from the catalog (looked up once)."""
@@ -352,7 +369,7 @@ async def run_worker(
             {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}
         ):
             # A queue is polled at once when a run is scheduled in it (Prefect's events,
-            # wakeup.py; at most every poll_seconds, else at the next tick), else every
+            # wakeup.py; wakes poll at most every poll_seconds), else every
             # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
             # queue also at every tick while this process fans a request out or runs a
             # share, and at once when a share ends or hands on.

@@ -9,6 +9,8 @@ import time
 import uuid
 
 import anyio
+import pytest
+from prefect.workers.base import BaseWorker
 
 from campaign_trigger.deployments.worker import DeliveryWorker
 from campaign_trigger.flows.fan_out import ShareSlots
@@ -59,7 +61,9 @@ async def test_two_slots_let_two_shares_send_at_once_and_no_third() -> None:
     assert most == 2
 
 
-async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share() -> None:
+async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     worker = DeliveryWorker(concurrency=1, queue="chunks", shares_due=lambda: True)
     worker._limiter = anyio.CapacityLimiter(1)
     share = uuid.uuid4()
@@ -68,17 +72,15 @@ async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share() -
     assert not worker.worth_polling()  # its only slot is taken
     polled = asyncio.Event()
 
-    async def poll() -> list[object]:
+    async def poll(self: DeliveryWorker) -> list[object]:
         polled.set()
         return []
 
-    worker.get_and_submit_flow_runs = poll  # type: ignore[method-assign]
-    worker._polled = time.monotonic()
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
     async with anyio.create_task_group() as group:
         worker._runs_task_group = group
         worker.hand_on(share)
         await asyncio.wait_for(polled.wait(), timeout=5)
     assert worker._limiter.available_tokens == 1
-    assert worker.worth_polling()
     worker._release_limit_slot(share)  # the run's end releases again: nothing happens
     assert worker._limiter.available_tokens == 1

@@ -21,14 +21,14 @@ from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWork
 from campaign_trigger.flows import fan_out
 
 
-def _just_polled(*, busy: bool, slots: int = 2, taken: int = 0) -> DeliveryWorker:
+def _polled_a_tick_ago(*, busy: bool, slots: int = 2, taken: int = 0) -> DeliveryWorker:
     worker = DeliveryWorker(
         concurrency=slots, queue="chunks", idle_poll_factor=4, shares_due=lambda: busy
     )
     worker._limiter = anyio.CapacityLimiter(slots)
     for n in range(taken):
         worker._limiter.acquire_on_behalf_of_nowait(n)
-    worker._polled = time.monotonic()
+    worker._polled = time.monotonic() - worker.wake_gap  # ticks are that far apart at least
     return worker
 
 
@@ -37,19 +37,19 @@ def _ticks(worker: DeliveryWorker, count: int) -> list[bool]:
 
 
 async def test_a_process_without_shares_due_polls_every_fourth_tick() -> None:
-    assert _ticks(_just_polled(busy=False), 8) == [False, False, False, True] * 2
+    assert _ticks(_polled_a_tick_ago(busy=False), 8) == [False, False, False, True] * 2
 
 
 async def test_a_process_with_shares_due_polls_at_every_tick() -> None:
-    assert _ticks(_just_polled(busy=True, taken=1), 4) == [True] * 4
+    assert _ticks(_polled_a_tick_ago(busy=True, taken=1), 4) == [True] * 4
 
 
 async def test_a_worker_with_every_slot_taken_does_not_poll() -> None:
-    assert _ticks(_just_polled(busy=True, taken=2), 8) == [False] * 8
+    assert _ticks(_polled_a_tick_ago(busy=True, taken=2), 8) == [False] * 8
 
 
 async def test_a_queue_unpolled_for_too_long_is_polled_whatever_the_rest() -> None:
-    worker = _just_polled(busy=True, taken=2)
+    worker = _polled_a_tick_ago(busy=True, taken=2)
     worker._polled = time.monotonic() - KEEP_READY_SECONDS
     assert worker.worth_polling()
 
@@ -72,7 +72,7 @@ async def test_shares_are_due_while_a_request_fans_out_or_a_share_runs_not_for_r
 async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_idles(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    worker = _just_polled(busy=False, taken=2)
+    worker = _polled_a_tick_ago(busy=False, taken=2)
     worker.wake()
     assert not worker.worth_polling()  # every slot taken: it stays woken
     worker._limiter.release_on_behalf_of(0)
@@ -85,7 +85,16 @@ async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_id
     monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
     await worker.get_and_submit_flow_runs()  # tick 2, off the idle pace: woken
     assert polled == [worker]
+    worker._polled -= worker.wake_gap  # the next ticks come later
     assert _ticks(worker, 3) == [False, True, False]  # used up: ticks 3-5, the 4th polls
+
+
+async def test_a_tick_right_after_a_poll_off_the_ticks_does_not_poll_at_the_idle_pace() -> None:
+    worker = _polled_a_tick_ago(busy=True, taken=1)  # shares due: every tick
+    worker._polled = time.monotonic()  # a wake's or a hand-on's poll, just now
+    assert _ticks(worker, 4) == [False] * 4
+    worker.wake()  # a run scheduled since: polled whatever the pace
+    assert worker.worth_polling()
 
 
 def _scheduled(pool: str, queue: str) -> Event:
@@ -128,7 +137,7 @@ async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
             await asyncio.sleep(0.01)
 
     monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
-    worker = _just_polled(busy=False, taken=1)
+    worker = _polled_a_tick_ago(busy=False, taken=1)
     worker.wake_gap = 1.0
     async with anyio.create_task_group() as group:
         worker._runs_task_group = group
