@@ -126,10 +126,10 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
 
     def wake(self) -> None:
         """A run was scheduled in this worker's queue (:mod:`wakeup`): poll at once if a
-        slot is free (else at the next tick with a free slot). Polling at once saves a
-        send-now request the wait for the next tick (up to ``poll_seconds`` times
-        Prefect's jitter). Wakes poll at most every ``wake_gap``: a busy worker, woken
-        by every request, polls no more often than its ticks would."""
+        slot is free (else when a run ends, or at the next tick with a free slot).
+        Polling at once saves a send-now request the wait for the next tick (up to
+        ``poll_seconds`` times Prefect's jitter). Wakes poll at most every ``wake_gap``:
+        a busy worker, woken by every request, polls no more often than its ticks would."""
         self._woken = True
         if self._runs_task_group is not None and not self._wake_poll_due:
             self._wake_poll_due = True
@@ -138,7 +138,9 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
     async def _poll_when_woken(self) -> None:
         try:
             await asyncio.sleep(self._wake_polled + self.wake_gap - time.monotonic())
-            if self._woken:  # else a tick polled meanwhile
+            # Not if a tick polled meanwhile, nor with every slot taken (a run's end wakes
+            # again): a wake that did not poll must not hold the next one back.
+            if self._woken and self._slot_free():
                 self._wake_polled = time.monotonic()
                 await self._poll_now()
         finally:
@@ -245,8 +247,8 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         finally:
             self._release_limit_slot(flow_run.id)
             self._forget_submission(flow_run.id)
-        if self.queue == "chunks":  # the next share of a request takes the slot at once
-            await self._poll_now()
+        if self._woken:  # a run was scheduled while every slot was taken: this one's now
+            self.wake()
 
     def hand_on(self, flow_run_id: UUID) -> None:
         """A share started its last chunk: its slot goes to the next share, claimed and
@@ -372,7 +374,8 @@ async def run_worker(
             # wakeup.py; wakes poll at most every poll_seconds), else every
             # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
             # queue also at every tick while this process fans a request out or runs a
-            # share, and at once when a share ends or hands on.
+            # share, and at once when a share hands on; a run ending with its queue woken
+            # (a run scheduled while every slot was taken) wakes it again.
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1].hand_on)
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(

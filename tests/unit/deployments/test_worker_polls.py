@@ -2,7 +2,8 @@
 Prefect event woke it), or once its last poll is ``wake_gap`` old; every tick while shares
 are due to its process (a request of its own fanning out, or a share running), every
 ``idle_poll_factor``-th tick else, never while every slot is taken, and at least every
-``KEEP_READY_SECONDS`` whatever the rest; which queue an event wakes."""
+``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was scheduled while
+every slot was taken; which queue an event wakes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import uuid
 
 import anyio
 import pytest
+from prefect.client.schemas.objects import FlowRun
 from prefect.events.schemas.events import Event
 from prefect.workers.base import BaseWorker
 
@@ -167,3 +169,35 @@ async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
         await asyncio.sleep(0.2)
         assert len(polled) == 3
         assert worker._woken  # the next tick with a free slot polls
+
+
+async def test_a_run_ending_polls_for_a_run_scheduled_while_every_slot_was_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    polled: list[float] = []
+
+    async def poll(self: DeliveryWorker) -> list[object]:
+        polled.append(time.monotonic())
+        return []
+
+    async def run(flow_run: object, configuration: object) -> None:
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    worker = _polled_a_tick_ago(busy=False, slots=1, taken=0)
+    worker.run = run  # type: ignore[method-assign,assignment]
+    ending, other = uuid.uuid4(), uuid.uuid4()
+    async with anyio.create_task_group() as group:
+        worker._runs_task_group = group
+        worker._limiter.acquire_on_behalf_of_nowait(ending)
+        await worker._execute(FlowRun(id=ending, flow_id=uuid.uuid4()))
+        await asyncio.sleep(0.1)
+        assert polled == []  # nothing was scheduled meanwhile: no poll
+
+        worker._limiter.acquire_on_behalf_of_nowait(other)
+        worker.wake()  # every slot taken: it stays woken
+        await asyncio.sleep(0.1)
+        assert polled == []
+        await worker._execute(FlowRun(id=other, flow_id=uuid.uuid4()))
+        await asyncio.sleep(0.1)
+        assert len(polled) == 1  # the freed slot goes to it at once

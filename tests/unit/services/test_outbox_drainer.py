@@ -1,6 +1,5 @@
 """When the outbox drainer creates flow runs: at once for a request after a quiet spell,
-the requests of a burst together once ``GATHER_SECONDS`` has passed since the last drain,
-and every ``interval`` anyway."""
+the requests of a burst together once ``GATHER_SECONDS`` has passed since the last drain."""
 
 from __future__ import annotations
 
