@@ -124,21 +124,27 @@ def test_an_event_names_the_delivery_pools_queue_its_run_is_scheduled_in() -> No
     assert queue_of(_scheduled("another-pool", "default")) is None
 
 
-async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    polled: list[float] = []
+@pytest.fixture
+def polled(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """When each poll of the pool began (Prefect's poll itself replaced)."""
+    began: list[float] = []
 
     async def poll(self: DeliveryWorker) -> list[object]:
-        polled.append(time.monotonic())
+        began.append(time.monotonic())
         return []
 
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    return began
+
+
+async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
+    polled: list[float],
+) -> None:
     async def until_polled(count: int, within: float) -> None:
         deadline = time.monotonic() + within
         while len(polled) < count and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
     worker = _polled_a_tick_ago(busy=False, taken=1)
     worker.wake_gap = 1.0
     async with anyio.create_task_group() as group:
@@ -172,18 +178,11 @@ async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
 
 
 async def test_a_run_ending_polls_for_a_run_scheduled_while_every_slot_was_taken(
-    monkeypatch: pytest.MonkeyPatch,
+    polled: list[float],
 ) -> None:
-    polled: list[float] = []
-
-    async def poll(self: DeliveryWorker) -> list[object]:
-        polled.append(time.monotonic())
-        return []
-
     async def run(flow_run: object, configuration: object) -> None:
         await asyncio.sleep(0)
 
-    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
     worker = _polled_a_tick_ago(busy=False, slots=1, taken=0)
     worker.run = run  # type: ignore[method-assign,assignment]
     ending, other = uuid.uuid4(), uuid.uuid4()
