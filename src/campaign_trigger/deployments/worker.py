@@ -32,7 +32,6 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -60,8 +59,8 @@ from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
 # Without an event a queue is polled every IDLE_POLL_FACTOR[queue]-th tick: requests
-# scheduled ahead come due there (the prefetch covers that interval); a share is due
-# when it is made, and its event or its maker's own polls (shares_due) start it.
+# scheduled ahead come due there (the prefetch covers that interval), and runs whose event
+# was missed; a share starts as its event arrives, or as the share before it hands on.
 IDLE_POLL_FACTOR = {"default": 2, "chunks": 4}
 TICK_JITTER = 1.3  # Prefect's polling loop spaces ticks up to 1.3x poll_seconds apart
 KEEP_READY_SECONDS = 30.0
@@ -96,7 +95,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         heartbeat_seconds: int = 10,
         name: str | None = None,
         idle_poll_factor: int = 1,
-        shares_due: Callable[[], bool] = lambda: False,
         wake_gap: float = 0.5,
     ) -> None:
         super().__init__(
@@ -111,7 +109,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._flows: dict[UUID, Flow[..., Any]] = {}
-        self.idle_poll_factor, self._shares_due = idle_poll_factor, shares_due
+        self.idle_poll_factor = idle_poll_factor
         self.wake_gap, self._wake_poll_due, self._wake_polled = wake_gap, False, 0.0
         self._ticks, self._polled, self._woken = 0, 0.0, False
 
@@ -149,9 +147,9 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
     def worth_polling(self) -> bool:
         """Whether this tick polls the pool for due runs: not while every slot is taken
         (nothing could be taken); else if a run was scheduled in the queue since the last
-        poll (:meth:`wake`), or, unless the last poll (a wake's, a share's hand-on) is
-        less than ``wake_gap`` old, if shares are due (:func:`shares_due`) or at every
-        ``idle_poll_factor``-th tick (runs scheduled ahead coming due, events missed); and
+        poll (:meth:`wake`), or at every ``idle_poll_factor``-th tick unless the last poll
+        (a wake's, a share's hand-on) is less than ``wake_gap`` old (runs scheduled ahead
+        coming due, events missed); and
         at least every ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s
         as not ready). A poll costs the Prefect server ~23 ms of CPU (docs/benchmarks.md)."""
         self._ticks += 1
@@ -162,9 +160,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             return False
         if self._woken:
             return True
-        return since >= self.wake_gap and (
-            self._ticks % self.idle_poll_factor == 0 or self._shares_due()
-        )
+        return since >= self.wake_gap and self._ticks % self.idle_poll_factor == 0
 
     def _slot_free(self) -> bool:
         return self._limiter is None or self._limiter.available_tokens >= 1
@@ -316,13 +312,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return task
 
 
-def shares_due(workers: list[DeliveryWorker]) -> bool:
-    """Whether shares are about to be due for this process: a request of its own is
-    fanning out, or it runs a share (the next one is made as one ends). Shares of
-    requests fanning out on other workers are taken at the idle polls."""
-    return bool(fan_out.fanning_out) or any(w.active for w in workers if w.queue == "chunks")
-
-
 async def run_worker(
     *,
     concurrency: int,
@@ -357,7 +346,6 @@ async def run_worker(
             prefetch_seconds=prefetch,
             heartbeat_seconds=heartbeat_seconds,
             idle_poll_factor=IDLE_POLL_FACTOR[queue],
-            shares_due=lambda: shares_due(workers),
             wake_gap=poll_seconds,
         )
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
@@ -373,8 +361,7 @@ async def run_worker(
             # A queue is polled at once when a run is scheduled in it (Prefect's events,
             # wakeup.py; wakes poll at most every poll_seconds), else every
             # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
-            # queue also at every tick while this process fans a request out or runs a
-            # share, and at once when a share hands on; a run ending with its queue woken
+            # queue also at once when a share hands on; a run ending with its queue woken
             # (a run scheduled while every slot was taken) wakes it again.
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1].hand_on)
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]

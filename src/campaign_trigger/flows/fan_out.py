@@ -35,14 +35,15 @@ from campaign_trigger.tasks import artifacts
 from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunks
 
 # The recorded chunks (a count in the service's database) are looked at every
-# RECORDED_SECONDS: the request notices its last chunk within that; the live shares' runs
-# (a call to the Prefect server) every WAIT_SECONDS, when ended ones are replaced.
+# RECORDED_SECONDS: the request notices its last chunk within that; the progress bar is
+# shown every WAIT_SECONDS, and so are the live shares' runs read (a call to the Prefect
+# server) while shares wait to be made, so an ended one is replaced within that. Once
+# every share is made the runs are read only to notice a share that ended without all
+# of its chunks (it failed for good: the request delivers them itself), every
+# ENDED_SECONDS.
 RECORDED_SECONDS = 0.2
 WAIT_SECONDS = 1.0
-
-# The requests this process is handing out as shares: while there is one, its worker
-# polls the chunks queue at every tick (the shares start within one), else seldom.
-fanning_out: set[str] = set()
+ENDED_SECONDS = 5.0
 
 
 class ShareSlots:
@@ -126,14 +127,6 @@ async def fan_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
     shares, its cancellation service's look at every subflow not yet ended) is that of
     ``live`` shares, not of all of a gigabyte's 513.
     """
-    fanning_out.add(plan.request_id)
-    try:
-        return await _hand_out(plan, per_run=per_run, live=live)
-    finally:
-        fanning_out.discard(plan.request_id)
-
-
-async def _hand_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
     everyone = shares(range(plan.chunk_count), per_run)
     waiting = [share for share in reversed(everyone) if not plan.recorded.issuperset(share)]
     running: list[UUID] = []
@@ -143,20 +136,21 @@ async def _hand_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
             running.append(await _start_share(plan, waiting.pop()))
 
     await top_up()
-    progress = await artifacts.Progress.start(chunk_count=plan.chunk_count, done=len(plan.recorded))
-    every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per look at the runs
+    progress = artifacts.Progress.start(chunk_count=plan.chunk_count, done=len(plan.recorded))
+    every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per progress update
     looks = 0
     while True:
         done = await recorded_chunk_count(plan.request_id)
         if done >= plan.chunk_count:
             break
-        if looks % every == 0:  # the progress bar and the runs, every WAIT_SECONDS
+        looks += 1  # the runs were just made or read: the first read is one interval on
+        if looks % every == 0:
             progress.show(done)
+        if looks % round((WAIT_SECONDS if waiting else ENDED_SECONDS) / RECORDED_SECONDS) == 0:
             running = await _still_running(running)
             await top_up()
             if not running:
                 break
-        looks += 1
         await asyncio.sleep(RECORDED_SECONDS)
     progress.show(done)
     await progress.close()

@@ -25,29 +25,41 @@ logger = logging.getLogger("campaign_trigger.tasks.artifacts")
 
 
 class Progress:
-    """A run's progress artifact, updated off the delivery's path: :meth:`show` never
-    waits for the Prefect API; updates are at least ``EVERY_SECONDS`` apart, each with
-    the latest count; :meth:`close` shows the last count at once and waits for it.
+    """A run's progress artifact, made and updated off the delivery's path: neither
+    :meth:`start` nor :meth:`show` waits for the Prefect API; updates are at least
+    ``EVERY_SECONDS`` apart, each with the latest count; :meth:`close` shows the last count
+    at once and waits for it.
 
     Chunks of a fast provider end every ~0.4 s: an update per chunk was a
-    ``PATCH /artifacts`` the Prefect server answered twice a second during the chunks."""
+    ``PATCH /artifacts`` the Prefect server answered twice a second during the chunks.
+    Making the artifact before the first chunk held that chunk back by the creation's
+    round trip (30-70 ms, docs/benchmarks.md)."""
 
     EVERY_SECONDS = 1.0
 
-    def __init__(self, artifact_id: UUID, chunk_count: int, done: int) -> None:
-        self.artifact_id, self.chunk_count = artifact_id, chunk_count
+    def __init__(self, chunk_count: int, done: int) -> None:
+        self.chunk_count = chunk_count
         self.done = self.shown = done
+        self._made: asyncio.Task[UUID | None] = asyncio.create_task(self._make())
         self._sending: asyncio.Task[None] | None = None
         self._sent_at = time.monotonic()
         self._closing = asyncio.Event()
 
     @classmethod
-    async def start(cls, *, chunk_count: int, done: int) -> Progress:
-        artifact_id = await acreate_progress_artifact(
-            progress=_percent(done, chunk_count),
-            description=_description(done, chunk_count),
-        )
-        return cls(artifact_id, chunk_count, done)
+    def start(cls, *, chunk_count: int, done: int) -> Progress:
+        """The progress bar at ``done`` of ``chunk_count`` (made in the background, in the
+        caller's run)."""
+        return cls(chunk_count, done)
+
+    async def _make(self) -> UUID | None:
+        try:
+            return await acreate_progress_artifact(
+                progress=_percent(self.shown, self.chunk_count),
+                description=_description(self.shown, self.chunk_count),
+            )
+        except Exception as exc:  # a progress bar never fails a delivery
+            logger.warning("progress not shown: %r", exc)
+            return None
 
     def show(self, done: int) -> None:
         self.done = done
@@ -55,7 +67,8 @@ class Progress:
             self._sending = asyncio.create_task(self._send())
 
     async def _send(self) -> None:
-        while self.shown != self.done:
+        artifact_id = await self._made
+        while artifact_id is not None and self.shown != self.done:
             wait = self._sent_at + self.EVERY_SECONDS - time.monotonic()
             if wait > 0 and not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -63,7 +76,7 @@ class Progress:
             done = self.done
             try:
                 await aupdate_progress_artifact(
-                    self.artifact_id,
+                    artifact_id,
                     progress=_percent(done, self.chunk_count),
                     description=_description(done, self.chunk_count),
                 )
@@ -74,6 +87,7 @@ class Progress:
 
     async def close(self) -> None:
         self._closing.set()
+        await self._made
         if self._sending is not None:
             await self._sending
         if self.shown != self.done:

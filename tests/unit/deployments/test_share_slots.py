@@ -64,7 +64,7 @@ async def test_two_slots_let_two_shares_send_at_once_and_no_third() -> None:
 async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    worker = DeliveryWorker(concurrency=1, queue="chunks", shares_due=lambda: True)
+    worker = DeliveryWorker(concurrency=1, queue="chunks")
     worker._limiter = anyio.CapacityLimiter(1)
     share = uuid.uuid4()
     worker._limiter.acquire_on_behalf_of_nowait(share)

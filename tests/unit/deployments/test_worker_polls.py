@@ -1,9 +1,9 @@
 """When a delivery worker polls its queue: at once when a run is scheduled in it (a
-Prefect event woke it), or once its last poll is ``wake_gap`` old; every tick while shares
-are due to its process (a request of its own fanning out, or a share running), every
-``idle_poll_factor``-th tick else, never while every slot is taken, and at least every
-``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was scheduled while
-every slot was taken; which queue an event wakes."""
+Prefect event woke it), or once its last poll is ``wake_gap`` old; every
+``idle_poll_factor``-th tick else (a share running or being made in its process
+included: the shares' own events start them), never while every slot is taken, and at
+least every ``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was
+scheduled while every slot was taken; which queue an event wakes."""
 
 from __future__ import annotations
 
@@ -19,14 +19,11 @@ from prefect.workers.base import BaseWorker
 
 from campaign_trigger.deployments.catalog import DELIVERY_POOL
 from campaign_trigger.deployments.wakeup import queue_of
-from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWorker, shares_due
-from campaign_trigger.flows import fan_out
+from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWorker
 
 
-def _polled_a_tick_ago(*, busy: bool, slots: int = 2, taken: int = 0) -> DeliveryWorker:
-    worker = DeliveryWorker(
-        concurrency=slots, queue="chunks", idle_poll_factor=4, shares_due=lambda: busy
-    )
+def _polled_a_tick_ago(*, slots: int = 2, taken: int = 0) -> DeliveryWorker:
+    worker = DeliveryWorker(concurrency=slots, queue="chunks", idle_poll_factor=4)
     worker._limiter = anyio.CapacityLimiter(slots)
     for n in range(taken):
         worker._limiter.acquire_on_behalf_of_nowait(n)
@@ -38,43 +35,30 @@ def _ticks(worker: DeliveryWorker, count: int) -> list[bool]:
     return [worker.worth_polling() for _ in range(count)]
 
 
-async def test_a_process_without_shares_due_polls_every_fourth_tick() -> None:
-    assert _ticks(_polled_a_tick_ago(busy=False), 8) == [False, False, False, True] * 2
+async def test_an_unwoken_queue_is_polled_every_fourth_tick() -> None:
+    assert _ticks(_polled_a_tick_ago(), 8) == [False, False, False, True] * 2
 
 
-async def test_a_process_with_shares_due_polls_at_every_tick() -> None:
-    assert _ticks(_polled_a_tick_ago(busy=True, taken=1), 4) == [True] * 4
+async def test_a_worker_running_a_share_polls_every_fourth_tick_not_every_tick() -> None:
+    # The next share wakes the queue with its event, or is claimed as this one hands on:
+    # polling every tick meanwhile cost the Prefect server ~23 ms of CPU a tick.
+    assert _ticks(_polled_a_tick_ago(taken=1), 8) == [False, False, False, True] * 2
 
 
 async def test_a_worker_with_every_slot_taken_does_not_poll() -> None:
-    assert _ticks(_polled_a_tick_ago(busy=True, taken=2), 8) == [False] * 8
+    assert _ticks(_polled_a_tick_ago(taken=2), 8) == [False] * 8
 
 
 async def test_a_queue_unpolled_for_too_long_is_polled_whatever_the_rest() -> None:
-    worker = _polled_a_tick_ago(busy=True, taken=2)
+    worker = _polled_a_tick_ago(taken=2)
     worker._polled = time.monotonic() - KEEP_READY_SECONDS
     assert worker.worth_polling()
-
-
-async def test_shares_are_due_while_a_request_fans_out_or_a_share_runs_not_for_requests(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    requests = DeliveryWorker(concurrency=4, queue="default")
-    chunks = DeliveryWorker(concurrency=2, queue="chunks")
-    workers = [requests, chunks]
-    requests.active[uuid.uuid4()] = asyncio.current_task()  # type: ignore[assignment]
-    assert not shares_due(workers)  # a request of one run: the chunks queue idles
-    monkeypatch.setattr(fan_out, "fanning_out", {"r-1"})
-    assert shares_due(workers)
-    monkeypatch.setattr(fan_out, "fanning_out", set())
-    chunks.active[uuid.uuid4()] = asyncio.current_task()  # type: ignore[assignment]
-    assert shares_due(workers)
 
 
 async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_idles(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    worker = _polled_a_tick_ago(busy=False, taken=2)
+    worker = _polled_a_tick_ago(taken=2)
     worker.wake()
     assert not worker.worth_polling()  # every slot taken: it stays woken
     worker._limiter.release_on_behalf_of(0)
@@ -92,7 +76,7 @@ async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_id
 
 
 async def test_a_tick_right_after_a_poll_off_the_ticks_does_not_poll_at_the_idle_pace() -> None:
-    worker = _polled_a_tick_ago(busy=True, taken=1)  # shares due: every tick
+    worker = _polled_a_tick_ago(taken=1)  # its 4th tick would poll at the idle pace
     worker._polled = time.monotonic()  # a wake's or a hand-on's poll, just now
     assert _ticks(worker, 4) == [False] * 4
     worker.wake()  # a run scheduled since: polled whatever the pace
@@ -145,7 +129,7 @@ async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
         while len(polled) < count and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    worker = _polled_a_tick_ago(busy=False, taken=1)
+    worker = _polled_a_tick_ago(taken=1)
     worker.wake_gap = 1.0
     async with anyio.create_task_group() as group:
         worker._runs_task_group = group
@@ -183,7 +167,7 @@ async def test_a_run_ending_polls_for_a_run_scheduled_while_every_slot_was_taken
     async def run(flow_run: object, configuration: object) -> None:
         await asyncio.sleep(0)
 
-    worker = _polled_a_tick_ago(busy=False, slots=1, taken=0)
+    worker = _polled_a_tick_ago(slots=1, taken=0)
     worker.run = run  # type: ignore[method-assign,assignment]
     ending, other = uuid.uuid4(), uuid.uuid4()
     async with anyio.create_task_group() as group:
