@@ -19,6 +19,9 @@ users (one Android device each, FCM answered by a bare nginx responder):
 
 Overhead per chunk = (flow chunk phase - reference chunk phase) / chunks, printed as a
 share of the reference's chunk time (target: at most 5 %). Rounds alternate the two.
+Each round also says where the flow path's time went, from its task runs: how long after
+``prepare delivery`` the first chunk started, how long no chunk ran between the first and
+the last, and the chunk task runs' median time against the reference's median chunk.
 
 Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3]``;
 ``--chunks 40`` measures the fan-out path (4 shares of 10).
@@ -32,6 +35,7 @@ import os
 import statistics
 import time
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psutil
@@ -74,8 +78,32 @@ def claim(request_id: str) -> DeliveryPlan:
     return plan
 
 
-async def reference_phase(plan: DeliveryPlan) -> float:
-    """Seconds to deliver every chunk of the request with the services alone."""
+@dataclass(frozen=True)
+class Phase:
+    """A chunk phase: its seconds, each chunk's, and (for the flow path) when the first
+    chunk started after ``prepare delivery`` and how long no chunk ran after it."""
+
+    seconds: float
+    chunks: list[float]
+    first_after: float = 0.0
+    idle: float = 0.0
+
+    def median_chunk_ms(self) -> float:
+        return statistics.median(self.chunks) * 1000
+
+
+def idle_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds between the first start and the last end of ``spans`` covered by none."""
+    idle, covered = 0.0, None
+    for start, end in sorted(spans):
+        if covered is not None and start > covered:
+            idle += start - covered
+        covered = end if covered is None else max(covered, end)
+    return idle
+
+
+async def reference_phase(plan: DeliveryPlan) -> Phase:
+    """Every chunk of the request delivered with the services alone."""
     from campaign_trigger.config import get_settings
     from campaign_trigger.services import delivering, message_file
     from campaign_trigger.store.db import session_scope
@@ -85,7 +113,9 @@ async def reference_phase(plan: DeliveryPlan) -> float:
     storage = get_storage(settings)
     request_id = plan.request_id
     started = time.monotonic()
+    chunks: list[float] = []
     for chunk_no in range(plan.chunk_count):
+        chunk_started = time.monotonic()
         chunk = await asyncio.to_thread(
             message_file.read_chunk,
             storage=storage,
@@ -97,12 +127,13 @@ async def reference_phase(plan: DeliveryPlan) -> float:
                 session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
             )
         assert not result.skipped
-    return time.monotonic() - started
+        chunks.append(time.monotonic() - chunk_started)
+    return Phase(time.monotonic() - started, chunks)
 
 
-async def flow_phase(request_id: str) -> float:
-    """Seconds from the end of ``prepare delivery`` to the end of the last chunk, read
-    from the task runs of the request's run and of its shares."""
+async def flow_phase(request_id: str) -> Phase:
+    """From the end of ``prepare delivery`` to the end of the last chunk, read from the
+    task runs of the request's run and of its shares."""
     from prefect import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -129,9 +160,18 @@ async def flow_phase(request_id: str) -> float:
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=runs)), limit=200
         )
     prepared = [t.end_time for t in tasks if t.name == "prepare delivery" and t.end_time]
-    chunks = [t.end_time for t in tasks if t.name.startswith("deliver chunk ") and t.end_time]
     assert len(prepared) == 1, prepared
-    return (max(chunks) - prepared[0]).total_seconds()
+    spans = [
+        ((t.start_time - prepared[0]).total_seconds(), (t.end_time - prepared[0]).total_seconds())
+        for t in tasks
+        if t.name.startswith("deliver chunk ") and t.start_time and t.end_time
+    ]
+    return Phase(
+        seconds=max(end for _, end in spans),
+        chunks=[end - start for start, end in spans],
+        first_after=min(start for start, _ in spans),
+        idle=idle_seconds(spans),
+    )
 
 
 def main() -> None:
@@ -163,13 +203,14 @@ def main() -> None:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             for n, reference in enumerate(references):
                 before = cpu_seconds(server)
-                ref = asyncio.run(reference_phase(reference))
+                ref_phase = asyncio.run(reference_phase(reference))
                 server_ref = cpu_seconds(server) - before
                 request_id = create_csv_request(audience, content)
                 before = cpu_seconds(server)
                 asyncio.run(wait_processed(request_id, 600))
                 server_flow = cpu_seconds(server) - before
-                flow = asyncio.run(flow_phase(request_id))
+                flow_phase_ = asyncio.run(flow_phase(request_id))
+                ref, flow = ref_phase.seconds, flow_phase_.seconds
                 reference_times.append(ref)
                 flow_times.append(flow)
                 overhead = (flow - ref) / ref
@@ -181,6 +222,12 @@ def main() -> None:
                     f"{(flow - ref) / args.chunks * 1000:+.0f} ms/chunk ({overhead:+.1%}); Prefect "
                     f"server CPU {server_ref / args.chunks * 1000:.0f} ms/chunk during the "
                     f"reference, {server_flow / args.chunks * 1000:.0f} ms/chunk during the run"
+                )
+                print(
+                    f"  where: first chunk {flow_phase_.first_after:.2f} s after prepare, "
+                    f"no chunk running {flow_phase_.idle:.2f} s after it, chunk task runs "
+                    f"{flow_phase_.median_chunk_ms():.0f} ms median (reference's chunks "
+                    f"{ref_phase.median_chunk_ms():.0f} ms)"
                 )
         finally:
             worker.stop()

@@ -1,5 +1,6 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
-(``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it."""
+(``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
+chunk path's idle time as ``chunk_overhead`` reads it from the task runs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 # (appended: nothing installed is shadowed).
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
+from chunk_overhead import idle_seconds
 from harness import SHARED_STACK, knee_verdict, private_stack, report_links, result
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
@@ -162,3 +164,11 @@ def test_waiting_for_a_report_that_never_comes_fails_after_the_timeout(
     with pytest.raises(TimeoutError, match="no report for r-1 after 0 s: 409"):
         report_links(never_processed, {}, "r-1", timeout=0.3)
     assert time.monotonic() - started < 5
+
+
+def test_the_idle_time_between_chunks_counts_only_where_no_chunk_runs() -> None:
+    # two slots: chunks overlap, one gap of 0.5 s where neither runs, spans out of order
+    spans = [(0.0, 1.0), (2.5, 3.0), (0.5, 2.0), (3.0, 4.0)]
+    assert idle_seconds(spans) == pytest.approx(0.5)
+    assert idle_seconds([(0.0, 1.0)]) == 0.0
+    assert idle_seconds([(0.0, 1.0), (0.2, 0.4), (1.25, 2.0)]) == pytest.approx(0.25)
