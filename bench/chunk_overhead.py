@@ -50,6 +50,7 @@ from harness import (
     private_stack,
     result,
     seed_audience,
+    task_runs_recorded,
     wait_processed,
 )
 
@@ -149,6 +150,7 @@ async def flow_phase(request_id: str) -> Phase:
         assert row is not None
         assert row.flow_run_id is not None
         run_id = uuid.UUID(row.flow_run_id)
+    await task_runs_recorded()
     async with get_client() as client:
         shares = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(

@@ -489,6 +489,15 @@ async def wait_processed(request_id: str, timeout: float) -> float:
     raise TimeoutError(f"request {request_id} not processed in {timeout} s")
 
 
+async def task_runs_recorded() -> None:
+    """Wait until the task-run events sent so far are recorded: the stack's Prefect server
+    writes them about once a second (``deployments/prefect_server.py``), so a request can
+    be processed before its last task run's end shows."""
+    from campaign_trigger.deployments.prefect_server import RECORDER_FLUSH_SECONDS
+
+    await asyncio.sleep(RECORDER_FLUSH_SECONDS + 0.5)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

@@ -67,6 +67,7 @@ from harness import (
     start_nginx,
     start_process,
     stop_process,
+    task_runs_recorded,
     token_of,
     wait_http,
 )
@@ -271,6 +272,7 @@ async def _task_runs(run_ids: list[uuid.UUID]) -> list[Any]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    await task_runs_recorded()
     found: list[Any] = []
     async with get_client() as client:
         while True:

@@ -240,7 +240,11 @@ def main() -> None:
                 knee_verdict(held, TARGET_RATIO * reference),
             )
             met = False if False in verdicts else None if None in verdicts else True
-            why = "" if met is not None else "every rate tried held and none reaches the target"
+            why = (
+                ""
+                if met is not None
+                else "undecided: no rate at or above a target held, none below it failed"
+            )
             if args.seconds < JUDGED_SECONDS:  # a queue building up needs longer to show
                 met = None
                 why = f"quick: {args.seconds:g} s per rate, judged over {JUDGED_SECONDS:g} s"

@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 from prefect import get_client
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import FlowRun, TaskRun
 from sqlalchemy import insert
 
 from campaign_trigger.services.requests import create_request
@@ -237,6 +238,23 @@ async def wait_for_state(request_id: str, *types: str, timeout: float = 60) -> F
             return run
         await asyncio.sleep(0.25)
     raise AssertionError(f"run of {request_id} not in {types}: {run and run.state}")
+
+
+async def recorded_task_runs(
+    flow_run_ids: Sequence[uuid.UUID], done: Callable[[list[TaskRun]], bool], timeout: float = 10
+) -> list[TaskRun]:
+    """The task runs of ``flow_run_ids`` once ``done`` says they are all recorded: the
+    embedded server records task runs from their events about once a second
+    (``deployments/prefect_server.py``), so a run can end before its task runs show."""
+    deadline = time.monotonic() + timeout
+    async with get_client() as client:
+        while True:
+            task_runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(flow_run_ids)))
+            )
+            if done(task_runs) or time.monotonic() > deadline:
+                return task_runs
+            await asyncio.sleep(0.25)
 
 
 def sandbox_stats(base_url: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The embedded stack's Prefect server on SQLite takes concurrent writers without
 "database is locked": flow runs created and driven through their states by several
-clients at once all land, and the server never answers a lock error."""
+clients at once all land, and the server never answers a lock error. Its services: the
+event persister off, the task-run recorder writing in batches once a second."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from prefect import flow
+from prefect import flow, get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import StateType
 from prefect.states import Completed, Pending, Running, Scheduled
 
+from campaign_trigger.deployments import prefect_server as embedded
 from support import ManagedProcess, free_port, prefect_server_argv, prefect_server_env, wait_http
 
 pytestmark = [pytest.mark.slow]
@@ -84,3 +86,16 @@ async def test_concurrent_writers_all_land_without_a_lock_error(tmp_path: Path) 
     finally:
         server.stop()
     assert "database is locked" not in server.log_path.read_text()
+
+
+async def test_the_server_runs_without_the_event_persister_and_records_task_runs_in_batches(
+    prefect_server: ManagedProcess,
+) -> None:
+    async with get_client() as client:
+        settings = (await client.request("GET", "/admin/settings")).json()  # type: ignore[arg-type]
+    services = settings["server"]["services"]
+    assert services["event_persister"]["enabled"] is False
+    recorder = services["task_run_recorder"]
+    assert recorder["enabled"] is True
+    assert recorder["batch_size"] == embedded.RECORDER_BATCH > 1
+    assert recorder["flush_interval"] == embedded.RECORDER_FLUSH_SECONDS == 1

@@ -17,6 +17,7 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.actions import WorkPoolUpdate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import TaskRun
 from prefect.states import Suspended
 from prefect.workers.base import BaseWorker
 
@@ -29,6 +30,7 @@ from delivery_support import (
     add_request,
     drain,
     read_run,
+    recorded_task_runs,
     seed_tenant,
     state_name,
     wait_for_state,
@@ -161,11 +163,14 @@ async def test_a_one_message_request_shows_its_steps_as_completed_task_runs(
     await drain()
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
     assert state_name(run) == "COMPLETED"
-    async with get_client() as client:
-        task_runs = await client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
-        )
-    steps = {t.name: t.state.type.value if t.state else None for t in task_runs}
+
+    def steps_of(task_runs: list[TaskRun]) -> dict[str, str | None]:
+        return {t.name: t.state.type.value if t.state else None for t in task_runs}
+
+    task_runs = await recorded_task_runs(
+        [run.id], lambda runs: list(steps_of(runs).values()) == ["COMPLETED"] * 3
+    )
+    steps = steps_of(task_runs)
     assert steps == {
         "prepare delivery": "COMPLETED",
         "deliver chunk 1/1": "COMPLETED",
