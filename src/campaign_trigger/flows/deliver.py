@@ -53,7 +53,7 @@ async def _deliver_here(
     done = plan.chunk_count - len(todo)
     shown = None
     if progress:
-        shown = artifacts.Progress.start(chunk_count=plan.chunk_count, done=done)
+        shown = artifacts.Progress(chunk_count=plan.chunk_count, done=done)
     for n, chunk_no in enumerate(todo, start=1):
         async with slot(last=n == len(todo)):
             await deliver_chunk.with_options(

@@ -136,7 +136,7 @@ async def fan_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
             running.append(await _start_share(plan, waiting.pop()))
 
     await top_up()
-    progress = artifacts.Progress.start(chunk_count=plan.chunk_count, done=len(plan.recorded))
+    progress = artifacts.Progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
     every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per progress update
     looks = 0
     while True:

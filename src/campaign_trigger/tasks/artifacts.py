@@ -26,7 +26,7 @@ logger = logging.getLogger("campaign_trigger.tasks.artifacts")
 
 class Progress:
     """A run's progress artifact, made and updated off the delivery's path: neither
-    :meth:`start` nor :meth:`show` waits for the Prefect API; updates are at least
+    making one nor :meth:`show` waits for the Prefect API; updates are at least
     ``EVERY_SECONDS`` apart, each with the latest count; :meth:`close` shows the last count
     at once and waits for it.
 
@@ -37,19 +37,15 @@ class Progress:
 
     EVERY_SECONDS = 1.0
 
-    def __init__(self, chunk_count: int, done: int) -> None:
+    def __init__(self, *, chunk_count: int, done: int) -> None:
+        """The progress bar at ``done`` of ``chunk_count``, made in the background in the
+        caller's run."""
         self.chunk_count = chunk_count
         self.done = self.shown = done
         self._made: asyncio.Task[UUID | None] = asyncio.create_task(self._make())
         self._sending: asyncio.Task[None] | None = None
         self._sent_at = time.monotonic()
         self._closing = asyncio.Event()
-
-    @classmethod
-    def start(cls, *, chunk_count: int, done: int) -> Progress:
-        """The progress bar at ``done`` of ``chunk_count`` (made in the background, in the
-        caller's run)."""
-        return cls(chunk_count, done)
 
     async def _make(self) -> UUID | None:
         try:

@@ -72,7 +72,7 @@ async def _reads_of_runs(
     monkeypatch.setattr(fan_out, "_still_running", still_running)
     monkeypatch.setattr(fan_out, "recorded_chunk_count", recorded_count)
     monkeypatch.setattr(fan_out, "recorded_chunks", recorded)
-    monkeypatch.setattr(artifacts.Progress, "start", lambda **kwargs: _Bar())
+    monkeypatch.setattr(artifacts, "Progress", lambda **kwargs: _Bar())
     missing = await fan_out.fan_out(_plan(shares), per_run=1, live=live)
     assert missing == set()
     assert len(made) == min(shares, live)  # no run ended: no share replaced

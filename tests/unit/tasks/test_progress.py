@@ -30,7 +30,7 @@ async def test_updates_are_spaced_carry_the_latest_count_and_close_shows_the_las
     monkeypatch.setattr(artifacts, "acreate_progress_artifact", make)
     monkeypatch.setattr(artifacts, "aupdate_progress_artifact", update)
     monkeypatch.setattr(artifacts.Progress, "EVERY_SECONDS", 0.2)
-    progress = artifacts.Progress.start(chunk_count=30, done=0)
+    progress = artifacts.Progress(chunk_count=30, done=0)
     started = time.monotonic()
     for done in range(1, 31):  # a chunk ends every 20 ms or more
         progress.show(done)
@@ -68,7 +68,7 @@ async def test_the_first_chunk_does_not_wait_for_the_artifact_to_be_made(
 
     monkeypatch.setattr(artifacts, "acreate_progress_artifact", make)
     monkeypatch.setattr(artifacts, "aupdate_progress_artifact", update)
-    progress = artifacts.Progress.start(chunk_count=2, done=0)
+    progress = artifacts.Progress(chunk_count=2, done=0)
     progress.show(1)  # the first chunk ended before the artifact was made
     assert not made.is_set()  # start did not wait for it
     progress.show(2)
@@ -88,7 +88,7 @@ async def test_a_progress_bar_the_api_refused_to_make_never_fails_the_delivery(
 
     monkeypatch.setattr(artifacts, "acreate_progress_artifact", make)
     monkeypatch.setattr(artifacts, "aupdate_progress_artifact", update)
-    progress = artifacts.Progress.start(chunk_count=2, done=0)
+    progress = artifacts.Progress(chunk_count=2, done=0)
     progress.show(1)
     progress.show(2)
     await progress.close()
