@@ -24,7 +24,8 @@ Each round also says where the flow path's time went, from its task runs: how lo
 the last, and the chunk task runs' median time against the reference's median chunk.
 
 Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3]``;
-``--chunks 40`` measures the fan-out path (4 shares of 10).
+``--chunks 40`` measures the fan-out path (4 shares of 10: the request's run delivers the
+first, three share runs the others).
 """
 
 from __future__ import annotations

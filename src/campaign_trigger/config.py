@@ -105,8 +105,9 @@ class Settings(BaseSettings):
     chunks_per_run: int = Field(
         default=10,
         gt=0,
-        description="A request of more chunks than this hands them to any worker, this "
-        "many to a deliver-chunks subflow run; smaller requests run in their own run.",
+        description="A request of more chunks than this hands them to any worker in "
+        "shares of this many: its run delivers the first, a deliver-chunks subflow run "
+        "each of the others; smaller requests run in their own run.",
     )
     live_shares: int = Field(
         default=32,

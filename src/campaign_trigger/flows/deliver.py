@@ -83,10 +83,17 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
     settings = get_settings()
     if plan.chunk_count > settings.chunks_per_run:  # large: every worker takes a share
         # Decided on the chunk count, never on what is left: a taken-over run must wait
-        # for the shares it made, which may still be running elsewhere.
-        todo = sorted(
-            await fan_out(plan, per_run=settings.chunks_per_run, live=settings.live_shares)
+        # for the shares it made, which may still be running elsewhere. The first share
+        # is this run's: its chunks hold the worker's chunk slots, as a share's do.
+        slots = sharing.share_slots
+        slot = _no_slot if slots is None else functools.partial(slots.chunk, None)
+        missing = await fan_out(
+            plan,
+            per_run=settings.chunks_per_run,
+            live=settings.live_shares,
+            deliver_here=functools.partial(_deliver_here, plan, progress=False, slot=slot),
         )
+        todo = sorted(missing)
     else:
         todo = [n for n in range(plan.chunk_count) if n not in plan.recorded]
     if todo:

@@ -1,7 +1,8 @@
 """Handing a large request's chunks to every delivery worker: ``deliver-chunks`` subflows.
 
-A request of more than ``CT_CHUNKS_PER_RUN`` chunks is cut into shares of that many;
-each share is a flow run of ``deliver-chunks/default`` in the pool's ``chunks`` queue,
+A request of more than ``CT_CHUNKS_PER_RUN`` chunks is cut into shares of that many.
+The request's run delivers the first share itself, from the moment it is prepared; each
+other share is a flow run of ``deliver-chunks/default`` in the pool's ``chunks`` queue,
 created as a subflow of the request's run (the UI shows it under the request), which
 any worker process on any machine claims and runs; at most ``CT_LIVE_SHARES`` of them
 are not yet ended at a time, the next created as one ends. The request's run waits for them,
@@ -13,16 +14,18 @@ shares it made, some maybe still running on other workers, instead of making new
 that would overlap them. Chunks record every answer, so a share taken over after its
 worker died resumes where that worker stopped.
 
-In a worker process, shares deliver their chunks through :class:`ShareSlots`: at most
-``--chunk-concurrency`` chunks at a time, and a share on its last chunk hands its place
-on, so the next share is claimed and started while that chunk is sent.
+In a worker process, shares (the request's own first one too) deliver their chunks
+through :class:`ShareSlots`: at most ``--chunk-concurrency`` chunks at a time, and a share
+run on its last chunk hands its place on, so the next share is claimed and started while
+that chunk is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from uuid import UUID
 
 from prefect import get_client
@@ -33,6 +36,8 @@ from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.tasks import artifacts
 from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunks
+
+logger = logging.getLogger(__name__)
 
 # The recorded chunks (a count in the service's database) are looked at every
 # RECORDED_SECONDS: the request notices its last chunk within that; the progress bar is
@@ -63,10 +68,11 @@ class ShareSlots:
         self._hand_on = hand_on
 
     @contextlib.asynccontextmanager
-    async def chunk(self, share_run: UUID, *, last: bool) -> AsyncIterator[None]:
-        """Hold a slot while one chunk of ``share_run`` is delivered."""
+    async def chunk(self, share_run: UUID | None, *, last: bool) -> AsyncIterator[None]:
+        """Hold a slot while one chunk of ``share_run`` is delivered (None: of the share a
+        request's run delivers itself, which has no place in the chunks queue)."""
         async with self._free:
-            if last:
+            if last and share_run is not None:
                 self._hand_on(share_run)
             yield
 
@@ -118,40 +124,68 @@ def _dead(message: str | None) -> bool:
     return message == prefect_runs.DEAD_RUN_MESSAGE
 
 
-async def fan_out(plan: DeliveryPlan, *, per_run: int, live: int) -> set[int]:
-    """Deliver the request's chunks through shares on any worker; returns the chunks
-    still missing once every share has ended.
+async def _first_share(
+    deliver_here: Callable[[list[int]], Awaitable[None]], share: list[int], plan: DeliveryPlan
+) -> None:
+    """The request's own share, what of it is not recorded yet. A chunk that fails for good
+    fails the share, not the request: like a failed share run's, its chunks are delivered
+    again once every share has ended, while the share runs go on."""
+    try:
+        await deliver_here([n for n in share if n not in plan.recorded])
+    except Exception:
+        logger.exception("request %s: its own share failed; retried at the end", plan.request_id)
 
-    At most ``live`` shares are not yet ended at a time: the next is created when one
-    ends, so what the Prefect server does each second for the request (its reads of the
-    shares, its cancellation service's look at every subflow not yet ended) is that of
-    ``live`` shares, not of all of a gigabyte's 513.
+
+async def fan_out(
+    plan: DeliveryPlan,
+    *,
+    per_run: int,
+    live: int,
+    deliver_here: Callable[[list[int]], Awaitable[None]],
+) -> set[int]:
+    """Deliver the request's chunks: the first share with ``deliver_here`` (in the
+    request's run), the others through share runs on any worker; returns the chunks still
+    missing once every share has ended.
+
+    The first share needs no run: its chunks start as soon as the request is prepared,
+    not after a share run is made, claimed, started and has read the plan (0.2-0.5 s),
+    and the other shares are made meanwhile. At most ``live`` share runs are not yet
+    ended at a time: the next is made when one ends, so what the Prefect server does each
+    second for the request (its reads of the shares, its cancellation service's look at
+    every subflow not yet ended) is that of ``live`` shares, not of all of a gigabyte's
+    513.
     """
-    everyone = shares(range(plan.chunk_count), per_run)
-    waiting = [share for share in reversed(everyone) if not plan.recorded.issuperset(share)]
+    own, *others = shares(range(plan.chunk_count), per_run)
+    here = asyncio.create_task(_first_share(deliver_here, own, plan))
+    waiting = [share for share in reversed(others) if not plan.recorded.issuperset(share)]
     running: list[UUID] = []
 
     async def top_up() -> None:  # popped from the end: in chunk order
         while waiting and len(running) < live:
             running.append(await _start_share(plan, waiting.pop()))
 
-    await top_up()
-    progress = artifacts.Progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
-    every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per progress update
-    looks = 0
-    while True:
-        done = await recorded_chunk_count(plan.request_id)
-        if done >= plan.chunk_count:
-            break
-        looks += 1  # the runs were just made or read: the first read is one interval on
-        if looks % every == 0:
-            progress.show(done)
-        if looks % round((WAIT_SECONDS if waiting else ENDED_SECONDS) / RECORDED_SECONDS) == 0:
-            running = await _still_running(running)
-            await top_up()
-            if not running:
+    try:
+        await top_up()
+        progress = artifacts.Progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
+        every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per progress update
+        looks = 0
+        while True:
+            done = await recorded_chunk_count(plan.request_id)
+            if done >= plan.chunk_count:
                 break
-        await asyncio.sleep(RECORDED_SECONDS)
+            looks += 1  # the runs were just made or read: the first read is one interval on
+            if looks % every == 0:
+                progress.show(done)
+            pace = WAIT_SECONDS if waiting else ENDED_SECONDS
+            if looks % round(pace / RECORDED_SECONDS) == 0:
+                running = await _still_running(running)
+                await top_up()
+                if not running and here.done():
+                    break
+            await asyncio.sleep(RECORDED_SECONDS)
+        await here  # its last chunk's task run ends after the chunk is recorded
+    finally:
+        here.cancel()  # a no-op once it ended; else the request's run is being stopped
     progress.show(done)
     await progress.close()
     return set(range(plan.chunk_count)) - await recorded_chunks(plan.request_id)

@@ -40,9 +40,9 @@ pytestmark = [pytest.mark.slow]
 
 async def _delivered_through_shares(
     sandbox_url: str, *, users: int, chunk_size: int
-) -> list[FlowRun]:
-    """A send-now request of ``users`` (one device each) delivered: its share runs, in
-    chunk order; its report and the sandbox checked (each device once)."""
+) -> tuple[FlowRun, list[FlowRun]]:
+    """A send-now request of ``users`` (one device each) delivered: its run and its share
+    runs, in chunk order; its report and the sandbox checked (each device once)."""
     tenant = seed_tenant()
     audience = bulk_audience(tenant, users=users, prefix=f"fan-{uuid.uuid4().hex[:6]}")
     add_devices(audience.devices)
@@ -62,7 +62,7 @@ async def _delivered_through_shares(
     assert sorted(r["user_id"] for r in rows[tenant.android]) == sorted(audience.users)
     per_token = sandbox_stats(sandbox_url)["per_token"]
     assert [per_token.get(d.token) for d in audience.devices] == [1] * len(audience.devices)
-    return sorted(shares, key=lambda s: s.parameters["chunk_nos"])
+    return run, sorted(shares, key=lambda s: s.parameters["chunk_nos"])
 
 
 def _settings(monkeypatch: pytest.MonkeyPatch, **environment: str) -> Iterator[None]:
@@ -84,27 +84,33 @@ def four_chunks_per_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 async def test_a_large_request_is_delivered_through_subflow_shares(
     four_chunks_per_run: None, worker: None, sandbox_url: str
 ) -> None:
-    # 21 messages in chunks of 3: 7 chunks, more than the 4 a run keeps for itself.
-    shares = await _delivered_through_shares(sandbox_url, users=21, chunk_size=3)
+    # 25 messages in chunks of 3: 9 chunks, more than the 4 a run keeps for itself. The
+    # request's run delivers the first share itself; the others are share runs.
+    run, shares = await _delivered_through_shares(sandbox_url, users=25, chunk_size=3)
     async with get_client() as client:
         names = {(await client.read_flow(s.flow_id)).name for s in shares}
     recorded = await recorded_task_runs(
-        [s.id for s in shares],
-        lambda runs: sum(1 for t in runs if t.name.startswith("deliver chunk")) == 7,
+        [run.id, *(s.id for s in shares)],
+        lambda runs: sum(1 for t in runs if t.name.startswith("deliver chunk")) == 9,
     )
-    chunk_runs = {
-        share.name: sorted(
-            t.name
-            for t in recorded
-            if t.flow_run_id == share.id and t.name.startswith("deliver chunk")
+    chunk_runs = [
+        sorted(
+            (
+                t.name
+                for t in recorded
+                if t.flow_run_id == r.id and t.name.startswith("deliver chunk")
+            ),
+            key=lambda name: int(name.split()[-1].split("/")[0]),
         )
-        for share in shares
-    }
+        for r in (run, *shares)
+    ]
     assert names == {"deliver-chunks"}
-    assert [s.parameters["chunk_nos"] for s in shares] == [[0, 1, 2, 3], [4, 5, 6]]
+    assert [s.parameters["chunk_nos"] for s in shares] == [[4, 5, 6, 7], [8]]
     assert {s.state.type.value for s in shares if s.state} == {"COMPLETED"}
-    assert sorted(n for runs in chunk_runs.values() for n in runs) == [
-        f"deliver chunk {k}/7" for k in range(1, 8)
+    assert chunk_runs == [
+        [f"deliver chunk {k}/9" for k in range(1, 5)],
+        [f"deliver chunk {k}/9" for k in range(5, 9)],
+        ["deliver chunk 9/9"],
     ]
 
 
@@ -118,10 +124,10 @@ async def test_a_request_keeps_at_most_its_live_shares_not_ended(
 ) -> None:
     # A gigabyte makes 513 shares: made all at once, the Prefect server's cancellation
     # service read each of them every 20 s and the request's run read a page of 200 every
-    # second (the server at 0.6 of a core, against 0.27). Here 6 shares, at most 2 not yet
-    # ended at a time.
-    shares = await _delivered_through_shares(sandbox_url, users=12, chunk_size=2)
-    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(6)]
+    # second (the server at 0.6 of a core, against 0.27). Here 6 shares, the request's own
+    # and 5 share runs, at most 2 not yet ended at a time.
+    _, shares = await _delivered_through_shares(sandbox_url, users=12, chunk_size=2)
+    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(1, 6)]
     ends = [s.end_time for s in shares]
     assert all(ends), [s.state for s in shares]
     for k, share in enumerate(shares[2:], start=2):
@@ -158,12 +164,13 @@ async def test_the_next_share_starts_while_the_last_chunk_of_the_one_before_is_s
     # end, the next claim, its start, its plan): 15 % over 40 chunks of 5,000. A share
     # on its last chunk now hands its slot on: the next share is claimed and started
     # meanwhile, and its first chunk waits for that chunk to end.
+    # The request's own first share holds the slot for its chunks too.
     sandbox_state.configure(latency_ms=700)  # each chunk lasts at least 0.7 s
     try:
-        shares = await _delivered_through_shares(sandbox_url, users=12, chunk_size=2)
+        run, shares = await _delivered_through_shares(sandbox_url, users=16, chunk_size=2)
     finally:
         sandbox_state.configure(latency_ms=0)
-    assert [s.parameters["chunk_nos"] for s in shares] == [[0, 1], [2, 3], [4, 5]]
+    assert [s.parameters["chunk_nos"] for s in shares] == [[2, 3], [4, 5], [6, 7]]
     ends = [s.end_time for s in shares]
     starts = [s.start_time for s in shares]
     assert all(ends), ends
@@ -171,12 +178,12 @@ async def test_the_next_share_starts_while_the_last_chunk_of_the_one_before_is_s
     for end, start in zip(ends, starts[1:], strict=False):  # the next began before it ended
         assert start < end, (starts, ends)
     recorded = await recorded_task_runs(
-        [s.id for s in shares],
-        lambda runs: sum(1 for t in runs if t.name.startswith("deliver chunk") and t.end_time) == 6,
+        [run.id, *(s.id for s in shares)],
+        lambda runs: sum(1 for t in runs if t.name.startswith("deliver chunk") and t.end_time) == 8,
     )
     chunks = [t for t in recorded if t.name.startswith("deliver chunk")]
     spans = sorted((t.start_time, t.end_time) for t in chunks if t.start_time and t.end_time)
-    assert len(spans) == 6, chunks
+    assert len(spans) == 8, chunks
     for (_, end), (start, _) in itertools.pairwise(spans):  # one slot: one chunk at a time
         assert end <= start, spans
 
