@@ -21,7 +21,10 @@ Overhead per chunk = (flow chunk phase - reference chunk phase) / chunks, printe
 share of the reference's chunk time (target: at most 5 %). Rounds alternate the two.
 Each round also says where the flow path's time went, from its task runs: how long after
 ``prepare delivery`` the first chunk started, how long no chunk ran between the first and
-the last, and the chunk task runs' median time against the reference's median chunk.
+the last, and the chunk task runs' median time against the reference's median chunk; and
+the worker process's CPU per chunk from the first chunk's start to the last's end
+against this process's during the reference (less noisy than the times: what the flow
+path costs the worker, whatever the machine's speed of the moment).
 
 Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3]``;
 ``--chunks 40`` measures the fan-out path (4 shares of 10: the request's run delivers the
@@ -89,6 +92,7 @@ class Phase:
     chunks: list[float]
     first_after: float = 0.0
     idle: float = 0.0
+    window: tuple[float, float] = (0.0, 0.0)  # the first chunk's start, the last's end
 
     def median_chunk_ms(self) -> float:
         return statistics.median(self.chunks) * 1000
@@ -169,11 +173,13 @@ async def flow_phase(request_id: str) -> Phase:
         for t in tasks
         if t.name.startswith("deliver chunk ") and t.start_time and t.end_time
     ]
+    origin = prepared[0].timestamp()
     return Phase(
         seconds=max(end for _, end in spans),
         chunks=[end - start for start, end in spans],
         first_after=min(start for start, _ in spans),
         idle=idle_seconds(spans),
+        window=(origin + min(s for s, _ in spans), origin + max(e for _, e in spans)),
     )
 
 
@@ -202,17 +208,20 @@ def main() -> None:
         flow_times: list[float] = []
         server = psutil.Process(int(os.environ[PREFECT_PID]))  # the stack's, shared or not
         worker = Worker(home, "--chunk-concurrency", str(args.chunk_concurrency), **provider)
+        this = psutil.Process()
         try:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             for n, reference in enumerate(references):
-                before = cpu_seconds(server)
+                before, mine = cpu_seconds(server), cpu_seconds(this)
                 ref_phase = asyncio.run(reference_phase(reference))
                 server_ref = cpu_seconds(server) - before
+                ref_cpu = cpu_seconds(this) - mine
                 request_id = create_csv_request(audience, content)
                 before = cpu_seconds(server)
                 asyncio.run(wait_processed(request_id, 600))
                 server_flow = cpu_seconds(server) - before
                 flow_phase_ = asyncio.run(flow_phase(request_id))
+                worker_cpu = worker.cpu_seconds_between(*flow_phase_.window)
                 ref, flow = ref_phase.seconds, flow_phase_.seconds
                 reference_times.append(ref)
                 flow_times.append(flow)
@@ -230,7 +239,10 @@ def main() -> None:
                     f"  where: first chunk {flow_phase_.first_after:.2f} s after prepare, "
                     f"no chunk running {flow_phase_.idle:.2f} s after it, chunk task runs "
                     f"{flow_phase_.median_chunk_ms():.0f} ms median (reference's chunks "
-                    f"{ref_phase.median_chunk_ms():.0f} ms)"
+                    f"{ref_phase.median_chunk_ms():.0f} ms); the worker's CPU "
+                    f"{worker_cpu / args.chunks * 1000:.0f} ms/chunk from the first chunk to "
+                    f"the last (the reference's process {ref_cpu / args.chunks * 1000:.0f} "
+                    "ms/chunk)"
                 )
         finally:
             worker.stop()

@@ -409,7 +409,8 @@ def create_csv_request(audience: Audience, content: bytes) -> str:
 
 
 class Worker:
-    """A ``campaign-trigger worker`` child process, its RSS sampled every 20 ms."""
+    """A ``campaign-trigger worker`` child process, its RSS and CPU time sampled every
+    20 ms."""
 
     def __init__(self, home: Path, *options: str, **env: str) -> None:
         self.log_path = home / f"worker-{uuid.uuid4().hex[:6]}.log"
@@ -429,6 +430,7 @@ class Worker:
             preexec_fn=die_with_parent,  # a benchmark that crashes leaves no worker behind
         )
         self.peak_rss = 0
+        self._cpu: list[tuple[float, float]] = []  # (time.time(), CPU seconds so far)
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -442,9 +444,19 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.peak_rss = max(self.peak_rss, process.memory_info().rss)
+                times = process.cpu_times()
             except psutil.Error:
                 return
+            self._cpu.append((time.time(), times.user + times.system))
             time.sleep(0.02)
+
+    def cpu_seconds_between(self, start: float, end: float) -> float:
+        """The process's CPU seconds from ``start`` to ``end`` (``time.time()`` values),
+        from the samples nearest inside them (within 20 ms of each end)."""
+        inside = [(t, cpu) for t, cpu in self._cpu if start <= t <= end]
+        assert len(inside) >= 2, (start, end, len(self._cpu))
+        (first, cpu_first), (last, cpu_last) = inside[0], inside[-1]
+        return (cpu_last - cpu_first) * (end - start) / (last - first)
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,6 +1,7 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
-chunk path's idle time as ``chunk_overhead`` reads it from the task runs."""
+chunk path's idle time as ``chunk_overhead`` reads it from the task runs, and a worker's CPU
+between two moments from its samples."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 from chunk_overhead import idle_seconds
-from harness import SHARED_STACK, knee_verdict, private_stack, report_links, result
+from harness import SHARED_STACK, Worker, knee_verdict, private_stack, report_links, result
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
 
@@ -172,3 +173,12 @@ def test_the_idle_time_between_chunks_counts_only_where_no_chunk_runs() -> None:
     assert idle_seconds(spans) == pytest.approx(0.5)
     assert idle_seconds([(0.0, 1.0)]) == 0.0
     assert idle_seconds([(0.0, 1.0), (0.2, 0.4), (1.25, 2.0)]) == pytest.approx(0.25)
+
+
+def test_a_workers_cpu_between_two_times_is_read_from_its_samples_inside_them() -> None:
+    worker = Worker.__new__(Worker)  # no process: its samples only
+    worker._cpu = [(100.0, 0.0), (101.0, 0.5), (102.0, 1.5), (103.0, 1.5)]
+    assert worker.cpu_seconds_between(101.0, 102.0) == pytest.approx(1.0)
+    # the samples inside, 1 s apart, scaled to the 2 s asked for
+    assert worker.cpu_seconds_between(100.5, 102.5) == pytest.approx(2.0)
+    assert worker.cpu_seconds_between(100.0, 103.0) == pytest.approx(1.5)
