@@ -20,6 +20,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, TaskRun
 from sqlalchemy import insert
 
+from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.services.uploads import StoredUpload
@@ -311,3 +312,23 @@ def add_csv_request(
         campaign_id=tenant.campaign_id, send_at=send_at.isoformat(), upload=upload
     )
     return _create(tenant, trigger, chunk_size=chunk_size)
+
+
+def plan_of(
+    chunk_count: int, *, chunk_size: int = 1, recorded: frozenset[int] = frozenset()
+) -> DeliveryPlan:
+    """A push request's delivery plan of ``chunk_count`` chunks, ``recorded`` done, for
+    tests of the flows that need no request in the database."""
+    return DeliveryPlan(
+        request_id=f"r-{uuid.uuid4().hex[:6]}",
+        campaign_id="c",
+        channel=Channel.push,
+        title="t",
+        body="b",
+        send_at=datetime.now(UTC),
+        apps=(),
+        message_count=chunk_count * chunk_size,
+        chunk_size=chunk_size,
+        chunk_count=chunk_count,
+        recorded=set(recorded),
+    )

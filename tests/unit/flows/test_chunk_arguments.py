@@ -5,31 +5,13 @@ read plans of ~5,000 recorded chunks: ~12 ms a chunk task)."""
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from campaign_trigger.flows import deliver
 from campaign_trigger.services.delivery_run import DeliveryPlan
-from campaign_trigger.store.models import Channel
-
-
-def _plan(chunk_count: int, recorded: set[int]) -> DeliveryPlan:
-    return DeliveryPlan(
-        request_id=f"r-{uuid.uuid4().hex[:6]}",
-        campaign_id="c",
-        channel=Channel.push,
-        title="t",
-        body="b",
-        send_at=datetime.now(UTC),
-        apps=(),
-        message_count=chunk_count * 5000,
-        chunk_size=5000,
-        chunk_count=chunk_count,
-        recorded=recorded,
-    )
+from delivery_support import plan_of
 
 
 class _ChunkTask:
@@ -50,7 +32,7 @@ async def test_chunk_tasks_are_given_the_plan_without_its_recorded_chunks(
 ) -> None:
     chunk_task = _ChunkTask()
     monkeypatch.setattr(deliver, "deliver_chunk", chunk_task)
-    plan = _plan(5_130, recorded=set(range(5_000)))
+    plan = plan_of(5_130, chunk_size=5_000, recorded=frozenset(range(5_000)))
     await deliver._deliver_here(plan, [5_000, 5_001], progress=False)
     assert [n for _, n in chunk_task.given] == [5_000, 5_001]
     for given, _ in chunk_task.given:

@@ -7,18 +7,16 @@ never right after making them."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import time
 import uuid
-from datetime import UTC, datetime
 
 import pytest
 
 from campaign_trigger.flows import fan_out
 from campaign_trigger.services.delivery_run import DeliveryPlan
-from campaign_trigger.store.models import Channel
 from campaign_trigger.tasks import artifacts
+from delivery_support import plan_of
 
 
 class _Bar:
@@ -27,21 +25,6 @@ class _Bar:
 
     async def close(self) -> None:
         pass
-
-
-def _plan(chunk_count: int) -> DeliveryPlan:
-    return DeliveryPlan(
-        request_id=f"r-{uuid.uuid4().hex[:6]}",
-        campaign_id="c",
-        channel=Channel.push,
-        title="t",
-        body="b",
-        send_at=datetime.now(UTC),
-        apps=(),
-        message_count=chunk_count,
-        chunk_size=1,
-        chunk_count=chunk_count,
-    )
 
 
 class _Request:
@@ -103,7 +86,7 @@ async def _fan_out(
     monkeypatch.setattr(fan_out, "recorded_chunk_count", recorded_count)
     monkeypatch.setattr(fan_out, "recorded_chunks", recorded)
     monkeypatch.setattr(artifacts, "Progress", lambda **kwargs: _Bar())
-    plan = dataclasses.replace(_plan(shares), recorded=set(already))
+    plan = plan_of(shares, recorded=already)
     missing = await fan_out.fan_out(plan, per_run=1, live=live, deliver_here=deliver_here)
     assert missing == set(range(shares)) - ended
     return request
