@@ -53,8 +53,8 @@ async def _deliver_here(
     overlap its sends), each inside ``slot(last=...)``, with a progress artifact if asked."""
     done = plan.chunk_count - len(todo)
     # Each chunk task is given the plan without its recorded chunks, which it does not
-    # use: Prefect walks a task's arguments for upstream results, ~2.4 µs an element, so
-    # a late share of a gigabyte (5,000 chunks recorded) paid ~12 ms per chunk task.
+    # use: Prefect walks a task's arguments before each run, so a late share of a
+    # gigabyte (5,000 chunks recorded) paid ~30 ms a chunk task for them.
     for_chunks = dataclasses.replace(plan, recorded=set())
     shown = None
     if progress:

@@ -184,6 +184,9 @@ async def fan_out(
                     break
             await asyncio.sleep(RECORDED_SECONDS)
         await here  # its last chunk's task run ends after the chunk is recorded
+    except Exception:
+        await here  # the request fails (share runs not made): its own chunks end first
+        raise
     finally:
         here.cancel()  # a no-op once it ended; else the request's run is being stopped
     progress.show(done)

@@ -147,3 +147,24 @@ async def test_with_shares_waiting_to_be_made_the_runs_are_read_every_wait_secon
     reads = await _reads_of_runs(monkeypatch, shares=3, live=1, seconds=0.5)
     assert len(reads) >= 5, reads  # every 0.05 s (or as often as the machine manages)
     assert reads[0] >= 0.04, reads
+
+
+async def test_a_failure_making_share_runs_lets_the_requests_own_chunk_end_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prefect refusing a share run fails the request; the chunk its run is sending ends
+    # (and records its answers) before, never cut off mid-send.
+    ended: list[int] = []
+
+    async def start_share(plan: DeliveryPlan, share: list[int]) -> uuid.UUID:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("Prefect refused the share run")
+
+    async def deliver_here(chunks: list[int]) -> None:
+        await asyncio.sleep(0.2)  # a chunk under way
+        ended.extend(chunks)
+
+    monkeypatch.setattr(fan_out, "_start_share", start_share)
+    with pytest.raises(RuntimeError, match="refused"):
+        await fan_out.fan_out(plan_of(3), per_run=1, live=8, deliver_here=deliver_here)
+    assert ended == [0]
