@@ -346,7 +346,11 @@ def main() -> None:
                 "no error, none lost"
             ),
             met=met,
-            why="" if met is not None else "every rate tried held and none reaches the target",
+            why=(
+                ""
+                if met is not None
+                else "undecided: no rate at or above the target held, none below it failed"
+            ),
         )
         result(
             "api_creates",

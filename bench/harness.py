@@ -93,7 +93,8 @@ def knee_verdict(held: dict[float, bool], target: float) -> bool | None:
     """Whether a rate of at least ``target`` holds, from the rates tried (rate -> held).
 
     Met when a rate >= target held; not met when a rate <= target did not hold (a
-    higher one would not either); undecided when every rate tried below it held.
+    higher one would not either); undecided otherwise: every rate tried below it held,
+    and none at or above it did (none tried, or those tried failed).
     """
     if any(ok for rate, ok in held.items() if rate >= target):
         return True
