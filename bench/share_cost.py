@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from chunk_overhead import cpu_seconds
 from harness import (
     PREFECT_PID,
     Worker,
@@ -51,11 +52,6 @@ from harness import (
 from server_cost import _calls, _rows
 
 IDLE_SECONDS = 5.0
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
 
 
 @dataclass(frozen=True)
