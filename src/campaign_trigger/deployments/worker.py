@@ -249,9 +249,20 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
     def hand_on(self, flow_run_id: UUID) -> None:
         """A share started its last chunk: its slot goes to the next share, claimed and
         started now while that chunk is sent (:class:`fan_out.ShareSlots`)."""
-        self._release_limit_slot(flow_run_id)  # released again at the run's end: a no-op
+        self.free_place(flow_run_id)  # freed again at the run's end: a no-op
         if self._runs_task_group is not None:
             self._runs_task_group.start_soon(self._poll_now)
+
+    def hold_place(self, flow_run_id: UUID) -> None:
+        """Take a slot for a share this worker did not claim (a request's own first share,
+        :meth:`fan_out.ShareSlots.own_share`), if one is free: one share fewer is claimed."""
+        if self._limiter is not None:
+            with contextlib.suppress(anyio.WouldBlock, RuntimeError):  # RuntimeError: held
+                self._limiter.acquire_on_behalf_of_nowait(flow_run_id)
+
+    def free_place(self, flow_run_id: UUID) -> None:
+        """Free ``flow_run_id``'s slot (nothing if it holds none)."""
+        self._release_limit_slot(flow_run_id)
 
     async def _flow_of(self, flow_run: FlowRun) -> Flow[..., Any]:
         """The flow of the run's deployment, from the catalog (looked up once)."""
@@ -363,7 +374,7 @@ async def run_worker(
             # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
             # queue also at once when a share hands on; a run ending with its queue woken
             # (a run scheduled while every slot was taken) wakes it again.
-            fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1].hand_on)
+            fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1])
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             loops = asyncio.gather(
                 upkeep.run_loops(

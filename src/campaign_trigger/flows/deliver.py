@@ -8,6 +8,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import FlowRun, State
@@ -71,6 +72,31 @@ async def _deliver_here(
         await shown.close()
 
 
+def _in_worker() -> tuple[sharing.ShareSlots, UUID] | None:
+    """The worker process's chunk slots and the id of the flow run being executed (None
+    outside a worker: a run from Python delivers its chunks one after another)."""
+    slots, context = sharing.share_slots, FlowRunContext.get()
+    if slots is None or context is None or context.flow_run is None:
+        return None
+    return slots, context.flow_run.id
+
+
+async def _deliver_own_share(plan: DeliveryPlan, todo: list[int]) -> None:
+    """The request's own first share: in a worker its chunks hold the chunk slots as a
+    share run's do, and it holds a place in the chunks queue as a share run does.
+
+    ``fan_out`` starts this before it makes the first share run (whose creation is a
+    call to the Prefect server), so the place is taken before the worker could claim it.
+    """
+    in_worker = _in_worker()
+    if in_worker is None:
+        await _deliver_here(plan, todo, progress=False)
+        return
+    slots, run_id = in_worker
+    with slots.own_share(run_id):
+        await _deliver_here(plan, todo, progress=False, slot=functools.partial(slots.chunk, run_id))
+
+
 @flow(
     name="deliver-request",  # runs are named after the request when created
     persist_result=False,
@@ -88,15 +114,12 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
     settings = get_settings()
     if plan.chunk_count > settings.chunks_per_run:  # large: every worker takes a share
         # Decided on the chunk count, never on what is left: a taken-over run must wait
-        # for the shares it made, which may still be running elsewhere. The first share
-        # is this run's: its chunks hold the worker's chunk slots, as a share's do.
-        slots = sharing.share_slots
-        slot = _no_slot if slots is None else functools.partial(slots.chunk, None)
+        # for the shares it made, which may still be running elsewhere.
         missing = await fan_out(
             plan,
             per_run=settings.chunks_per_run,
             live=settings.live_shares,
-            deliver_here=functools.partial(_deliver_here, plan, progress=False, slot=slot),
+            deliver_here=functools.partial(_deliver_own_share, plan),
         )
         todo = sorted(missing)
     else:
@@ -113,8 +136,7 @@ async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int:
     """Deliver a share of a request's chunks (the request's run made this its subflow)."""
     plan = await read_plan(request_id)
     todo = [n for n in chunk_nos if n not in plan.recorded]
-    slot, slots, context = _no_slot, sharing.share_slots, FlowRunContext.get()
-    if slots is not None and context is not None and context.flow_run is not None:
-        slot = functools.partial(slots.chunk, context.flow_run.id)  # a worker's chunk slots
+    in_worker = _in_worker()
+    slot = _no_slot if in_worker is None else functools.partial(in_worker[0].chunk, in_worker[1])
     await _deliver_here(plan, todo, progress=False, slot=slot)
     return len(todo)

@@ -16,8 +16,10 @@ worker died resumes where that worker stopped.
 
 In a worker process, shares (the request's own first one too) deliver their chunks
 through :class:`ShareSlots`: at most ``--chunk-concurrency`` chunks at a time, and a share
-run on its last chunk hands its place on, so the next share is claimed and started while
-that chunk is sent.
+on its last chunk hands its place on, so the next share is claimed and started while
+that chunk is sent. The request's own share takes a place in the worker's chunks queue
+as a share run does, so the worker claims one share fewer while it is sent and leaves
+that share to a worker with room.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Protocol
 from uuid import UUID
 
 from prefect import get_client
@@ -51,29 +54,58 @@ WAIT_SECONDS = 1.0
 ENDED_SECONDS = 5.0
 
 
+class ChunksQueue(Protocol):
+    """A worker's chunks queue, as the shares it runs see it: each share holds a place in
+    it (a claimed share run holds one from its claim to its end)."""
+
+    def hand_on(self, run_id: UUID) -> None:
+        """Free ``run_id``'s place now and claim the next share at once."""
+
+    def hold_place(self, run_id: UUID) -> None:
+        """Take a place for ``run_id`` (a share not claimed from the queue), if one is free."""
+
+    def free_place(self, run_id: UUID) -> None:
+        """Free ``run_id``'s place, if it holds one."""
+
+
 class ShareSlots:
     """A worker process's chunk slots for the shares it runs (``--chunk-concurrency``).
 
     Each chunk of a share is delivered holding one of ``size`` slots. A share starting
-    its last chunk calls ``hand_on`` with its run's id: the worker frees the share's place
-    in its chunks queue and claims the next share at once, so that share's claim, start
-    and plan happen while the chunk is sent, and its first chunk takes the slot the
-    moment the chunk ends. Without it each share handover left the slot idle 0.2-0.5 s
-    (docs/benchmarks.md, per-chunk overhead through shares). A share claimed ahead waits
-    at most one chunk, so it is never held from an idle worker for long.
+    its last chunk hands its place in the chunks queue on: the worker claims the next
+    share at once, so that share's claim, start and plan happen while the chunk is sent,
+    and its first chunk takes the slot the moment the chunk ends. Without it each share
+    handover left the slot idle 0.2-0.5 s (docs/benchmarks.md, per-chunk overhead through
+    shares). A share claimed ahead waits at most one chunk, so it is never held from an
+    idle worker for long.
+
+    A request's own first share is not claimed from the queue: :meth:`own_share` takes a
+    place for it, as a claimed share run holds one. Without that place, a worker whose
+    slots the request's own share was filling claimed the next share at once, and held
+    it, waiting for a slot, from workers that had room for the whole share.
     """
 
-    def __init__(self, size: int, hand_on: Callable[[UUID], None]) -> None:
+    def __init__(self, size: int, queue: ChunksQueue) -> None:
         self._free = asyncio.Semaphore(size)
-        self._hand_on = hand_on
+        self._queue = queue
+
+    @contextlib.contextmanager
+    def own_share(self, run_id: UUID) -> Iterator[None]:
+        """While the request's run ``run_id`` delivers its own share: a place in the chunks
+        queue if one is free (handed on at its last chunk, else freed at its end)."""
+        self._queue.hold_place(run_id)
+        try:
+            yield
+        finally:
+            self._queue.free_place(run_id)
 
     @contextlib.asynccontextmanager
-    async def chunk(self, share_run: UUID | None, *, last: bool) -> AsyncIterator[None]:
-        """Hold a slot while one chunk of ``share_run`` is delivered (None: of the share a
-        request's run delivers itself, which has no place in the chunks queue)."""
+    async def chunk(self, share_run: UUID, *, last: bool) -> AsyncIterator[None]:
+        """Hold a slot while one chunk of the share of ``share_run`` (a share run, or the
+        request's run for its own share) is delivered."""
         async with self._free:
-            if last and share_run is not None:
-                self._hand_on(share_run)
+            if last:
+                self._queue.hand_on(share_run)
             yield
 
 

@@ -83,15 +83,11 @@ async def prepare_delivery(request_id: str) -> DeliveryPlan:
     return plan
 
 
-@task(
-    name="read plan",
-    task_run_name="read plan",
-    cache_policy=NO_CACHE,
-    persist_result=False,
-    **RETRIES,
-)
 async def read_plan(request_id: str) -> DeliveryPlan:
-    """The request's delivery (for a share of its chunks run apart from its own run)."""
+    """The request's delivery, for a share of its chunks run apart from its own run (a
+    read, no task run: a task run is three more events for the Prefect server in every
+    share run, docs/benchmarks.md; a share whose read fails fails, and the request's run
+    delivers its chunks at the end)."""
 
     def read() -> DeliveryPlan:
         with session_scope() as session:

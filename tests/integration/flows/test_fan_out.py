@@ -112,6 +112,12 @@ async def test_a_large_request_is_delivered_through_subflow_shares(
         [f"deliver chunk {k}/9" for k in range(5, 9)],
         ["deliver chunk 9/9"],
     ]
+    # A share run's only task runs are its chunks': its plan is a read, not a task run
+    # (three more events for the Prefect server in every share run).
+    share_ids = {s.id for s in shares}
+    assert sorted(t.name for t in recorded if t.flow_run_id in share_ids) == sorted(
+        f"deliver chunk {k}/9" for k in range(5, 10)
+    )
 
 
 @pytest.fixture
@@ -186,6 +192,12 @@ async def test_the_next_share_starts_while_the_last_chunk_of_the_one_before_is_s
     assert len(spans) == 8, chunks
     for (_, end), (start, _) in itertools.pairwise(spans):  # one slot: one chunk at a time
         assert end <= start, spans
+    # The request's own share held the worker's only place in its chunks queue, as a
+    # share run does: the first share run was claimed and started during its last chunk,
+    # not held from other workers while its first chunk was sent.
+    own_last = next(t for t in chunks if t.name == "deliver chunk 2/8")
+    assert own_last.start_time is not None
+    assert own_last.start_time < starts[0], (own_last.start_time, starts)
 
 
 @flow(name="fan-out-share-probe")

@@ -1,6 +1,7 @@
 """A worker's chunk slots for shares: at most ``size`` chunks at a time, and a share on its
 last chunk hands its place on at once, so the next share starts while that chunk is sent
-and its first chunk takes the slot the moment the chunk ends."""
+and its first chunk takes the slot the moment the chunk ends. A request's own first share
+holds a place in the worker's chunks queue as a claimed share run does."""
 
 from __future__ import annotations
 
@@ -16,10 +17,27 @@ from campaign_trigger.deployments.worker import DeliveryWorker
 from campaign_trigger.flows.fan_out import ShareSlots
 
 
+class Queue:
+    """A chunks queue that notes what the shares ask of it."""
+
+    def __init__(self) -> None:
+        self.handed_on: list[uuid.UUID] = []
+
+    def hand_on(self, run_id: uuid.UUID) -> None:
+        self.handed_on.append(run_id)
+
+    def hold_place(self, run_id: uuid.UUID) -> None:
+        pass
+
+    def free_place(self, run_id: uuid.UUID) -> None:
+        pass
+
+
 async def test_a_share_hands_on_when_its_last_chunk_starts_and_chunks_never_overlap() -> None:
     events: list[str] = []
-    handed_on: list[uuid.UUID] = []
-    slots = ShareSlots(1, handed_on.append)
+    queue = Queue()
+    handed_on = queue.handed_on
+    slots = ShareSlots(1, queue)
     first, second = uuid.uuid4(), uuid.uuid4()
     in_flight = 0
 
@@ -46,7 +64,7 @@ async def test_a_share_hands_on_when_its_last_chunk_starts_and_chunks_never_over
 
 
 async def test_two_slots_let_two_shares_send_at_once_and_no_third() -> None:
-    slots = ShareSlots(2, lambda run: None)
+    slots = ShareSlots(2, Queue())
     in_flight, most = 0, 0
 
     async def chunk() -> None:
@@ -84,3 +102,54 @@ async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
     assert worker._limiter.available_tokens == 1
     worker._release_limit_slot(share)  # the run's end releases again: nothing happens
     assert worker._limiter.available_tokens == 1
+
+
+def _chunks_worker(slots: int) -> DeliveryWorker:
+    worker = DeliveryWorker(concurrency=slots, queue="chunks")
+    worker._limiter = anyio.CapacityLimiter(slots)
+    worker._polled = time.monotonic()
+    return worker
+
+
+async def test_a_requests_own_share_holds_a_place_in_the_chunks_queue_until_its_last_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without the place, a worker with one chunk slot claimed the next share while the
+    # request's own share was being sent, and held it (waiting for that slot) from
+    # workers with room for it.
+    worker = _chunks_worker(1)
+    slots = ShareSlots(1, worker)
+    polls: list[int] = []
+
+    async def poll(self: DeliveryWorker) -> list[object]:
+        polls.append(worker._limiter.available_tokens)
+        return []
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    request_run = uuid.uuid4()
+    async with anyio.create_task_group() as group:
+        worker._runs_task_group = group
+        with slots.own_share(request_run):
+            async with slots.chunk(request_run, last=False):
+                assert not worker.worth_polling()  # its only place is the request's
+                assert worker._limiter.available_tokens == 0
+            async with slots.chunk(request_run, last=True):
+                await asyncio.sleep(0.01)
+                assert polls == [1]  # handed on: the next share is claimed during it
+    assert worker._limiter.available_tokens == 1
+
+
+async def test_an_own_share_takes_no_place_held_by_a_share_run_and_frees_its_own_at_its_end() -> (
+    None
+):
+    worker = _chunks_worker(2)
+    slots = ShareSlots(2, worker)
+    share_run, request_run, other_request = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    worker._limiter.acquire_on_behalf_of_nowait(share_run)
+    with slots.own_share(request_run):
+        with slots.own_share(other_request):  # no place left: it delivers without one
+            assert worker._limiter.available_tokens == 0
+        assert worker._limiter.available_tokens == 0  # the share run's is still held
+    assert worker._limiter.available_tokens == 1  # a share that failed early freed its own
+    worker._release_limit_slot(share_run)
+    assert worker._limiter.available_tokens == 2
