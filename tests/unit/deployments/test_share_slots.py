@@ -139,9 +139,7 @@ async def test_a_requests_own_share_holds_a_place_in_the_chunks_queue_until_its_
     assert worker._limiter.available_tokens == 1
 
 
-async def test_an_own_share_takes_no_place_held_by_a_share_run_and_frees_its_own_at_its_end() -> (
-    None
-):
+async def test_an_own_share_takes_no_place_already_held_and_frees_its_own_at_its_end() -> None:
     worker = _chunks_worker(2)
     slots = ShareSlots(2, worker)
     share_run, request_run, other_request = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -150,6 +148,6 @@ async def test_an_own_share_takes_no_place_held_by_a_share_run_and_frees_its_own
         with slots.own_share(other_request):  # no place left: it delivers without one
             assert worker._limiter.available_tokens == 0
         assert worker._limiter.available_tokens == 0  # the share run's is still held
-    assert worker._limiter.available_tokens == 1  # a share that failed early freed its own
+    assert worker._limiter.available_tokens == 1  # its end freed its own (an early failure too)
     worker._release_limit_slot(share_run)
     assert worker._limiter.available_tokens == 2
