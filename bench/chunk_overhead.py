@@ -38,7 +38,6 @@ import asyncio
 import os
 import statistics
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,6 +51,7 @@ from harness import (
     csv_bytes,
     nginx_responder,
     private_stack,
+    request_run_id,
     result,
     seed_audience,
     task_runs_recorded,
@@ -147,14 +147,7 @@ async def flow_phase(request_id: str) -> Phase:
         FlowRunFilterParentFlowRunId,
     )
 
-    from campaign_trigger.store.db import session_scope
-    from campaign_trigger.store.models import Request
-
-    with session_scope() as session:
-        row = session.get(Request, request_id)
-        assert row is not None
-        assert row.flow_run_id is not None
-        run_id = uuid.UUID(row.flow_run_id)
+    run_id = request_run_id(request_id)
     await task_runs_recorded()
     async with get_client() as client:
         shares = await client.read_flow_runs(

@@ -502,6 +502,18 @@ async def wait_processed(request_id: str, timeout: float) -> float:
     raise TimeoutError(f"request {request_id} not processed in {timeout} s")
 
 
+def request_run_id(request_id: str) -> uuid.UUID:
+    """The id of the request's flow run (the request has one)."""
+    from campaign_trigger.store.db import session_scope
+    from campaign_trigger.store.models import Request
+
+    with session_scope() as session:
+        row = session.get(Request, request_id)
+        assert row is not None
+        assert row.flow_run_id is not None
+        return uuid.UUID(row.flow_run_id)
+
+
 async def task_runs_recorded() -> None:
     """Wait until the task-run events sent so far are recorded: the stack's Prefect server
     writes them about once a second (``deployments/prefect_server.py``), so a request can

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import collections
 import statistics
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,28 +39,23 @@ from harness import (
     csv_bytes,
     nginx_responder,
     private_stack,
+    request_run_id,
     result,
     seed_audience,
     wait_processed,
 )
 
-CHUNKS_PER_RUN = 10  # the default: the request's own share is that many chunks
 
-
-async def chunks_by_worker(request_id: str, per_run: int) -> collections.Counter[int]:
-    """How many of the request's chunks each worker process (by pid) delivered."""
+async def chunks_by_worker(request_id: str, chunk_count: int) -> collections.Counter[int]:
+    """How many of the request's chunks each worker process (by pid) delivered: its share
+    runs' chunks to the worker that claimed each, the rest (the request's own share) to
+    the one that claimed the request's run."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     from campaign_trigger.services import prefect_runs
-    from campaign_trigger.store.db import session_scope
-    from campaign_trigger.store.models import Request
 
-    with session_scope() as session:
-        row = session.get(Request, request_id)
-        assert row is not None
-        assert row.flow_run_id is not None
-        run_id = uuid.UUID(row.flow_run_id)
+    run_id = request_run_id(request_id)
     counts: collections.Counter[int] = collections.Counter()
     async with get_client() as client:
         shares = await client.read_flow_runs(
@@ -69,7 +63,8 @@ async def chunks_by_worker(request_id: str, per_run: int) -> collections.Counter
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])
             )
         )
-        runs = [(run_id, per_run), *((s.id, len(s.parameters["chunk_nos"])) for s in shares)]
+        runs = [(s.id, len(s.parameters["chunk_nos"])) for s in shares]
+        runs.append((run_id, chunk_count - sum(chunks for _, chunks in runs)))
         for flow_run_id, chunks in runs:
             claims = [
                 state.message
@@ -88,6 +83,7 @@ def delivered_by(
     options: tuple[str, ...],
     provider: dict[str, str],
     new_request: Callable[[], str],
+    chunk_count: int,
 ) -> tuple[float, dict[str, int]]:
     """The chunk phase of a request delivered by ``workers`` worker processes (started for
     it, warmed up on a request of their own first), and the chunks each delivered."""
@@ -97,7 +93,7 @@ def delivered_by(
         request = new_request()
         asyncio.run(wait_processed(request, 600))
         phase = asyncio.run(flow_phase(request))
-        counts = asyncio.run(chunks_by_worker(request, per_run=CHUNKS_PER_RUN))
+        counts = asyncio.run(chunks_by_worker(request, chunk_count))
     finally:
         for worker in started:
             worker.stop()
@@ -122,7 +118,12 @@ def main() -> None:
         for n in range(args.rounds):
             for workers in layouts:
                 seconds, by_worker = delivered_by(
-                    home, workers, options, provider, lambda: create_csv_request(audience, content)
+                    home,
+                    workers,
+                    options,
+                    provider,
+                    lambda: create_csv_request(audience, content),
+                    args.chunks,
                 )
                 phases[workers].append(seconds)
                 print(
