@@ -50,7 +50,7 @@ from harness import (
 
 async def chunks_by_worker(request_id: str, chunk_count: int) -> collections.Counter[int]:
     """How many of the request's chunks each worker process (by pid) delivered: its share
-    runs' chunks to the worker that claimed each, the rest (the request's own share) to
+    runs' chunks to the worker that claimed each, the rest (the request's own shares) to
     the one that claimed the request's run."""
     from prefect import get_client
 
