@@ -31,6 +31,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Protocol
@@ -53,13 +54,14 @@ from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunk
 
 logger = logging.getLogger(__name__)
 
-# The recorded chunks (a count in the service's database) are looked at every
-# RECORDED_SECONDS: the request notices its last chunk within that; the progress bar is
-# shown every WAIT_SECONDS, and so are the live shares' runs read (a call to the Prefect
-# server) while shares are left to offer, so a claimed offer or an ended share is
-# replaced within that. Once every share is taken or offered the runs are read only to
-# notice a share that ended without all of its chunks (it failed for good: the request
-# delivers them itself), every ENDED_SECONDS.
+# Once the request's run has sent its own shares, the recorded chunks (a count in the
+# service's database) are looked at every RECORDED_SECONDS: the request notices its
+# last chunk within that; before, they cannot all be recorded, so they are counted only
+# as the progress bar is shown, every WAIT_SECONDS. The live shares' runs are read (a
+# call to the Prefect server) every WAIT_SECONDS while shares are left to offer, so a
+# claimed offer or an ended share is replaced within that; once every share is taken or
+# offered, only to notice a share that ended without all of its chunks (it failed for
+# good: the request delivers them itself), every ENDED_SECONDS.
 RECORDED_SECONDS = 0.2
 WAIT_SECONDS = 1.0
 ENDED_SECONDS = 5.0
@@ -278,23 +280,28 @@ async def fan_out(
     try:
         await offer(0)
         progress = artifacts.Progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
-        every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per progress update
-        looks = 0
+        # the runs were just made or read: the first read is one interval on
+        show_at = time.monotonic() + WAIT_SECONDS
+        read_at = time.monotonic() + (WAIT_SECONDS if left else ENDED_SECONDS)
         while True:
             done = await recorded_chunk_count(plan.request_id)
             if done >= plan.chunk_count:
                 break
-            looks += 1  # the runs were just made or read: the first read is one interval on
-            if looks % every == 0:
+            now = time.monotonic()
+            if now >= show_at:
                 progress.show(done)
-            pace = WAIT_SECONDS if left else ENDED_SECONDS
-            if looks % round(pace / RECORDED_SECONDS) == 0:
+                show_at = now + WAIT_SECONDS
+            if now >= read_at:
                 offered = [run_id for run_id, unclaimed in running.items() if unclaimed]
                 running = await _not_ended(list(running))
                 await offer(sum(1 for run_id in offered if not running.get(run_id)))
                 if not running and not left and here.done():
                     break
-            await asyncio.sleep(RECORDED_SECONDS)
+                read_at = now + (WAIT_SECONDS if left else ENDED_SECONDS)
+            if here.done():
+                await asyncio.sleep(RECORDED_SECONDS)
+            else:  # the request cannot end before its own chunks: no count until then
+                await asyncio.wait({here}, timeout=min(show_at, read_at) - time.monotonic())
         await here  # its last chunk's task run ends after the chunk is recorded
     except Exception:
         await here  # the request fails (share runs not made): its own chunks end first

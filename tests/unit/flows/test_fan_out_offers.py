@@ -39,6 +39,8 @@ class _Request:
         self.here: list[tuple[int, bool]] = []
         self.made_at_first_chunk: int | None = None
         self.most_not_ended = 0
+        self.counts: list[float] = []  # when it counted the recorded chunks
+        self.here_ended = 0.0
 
     @property
     def here_chunks(self) -> list[int]:
@@ -100,8 +102,10 @@ async def _fan_out(
             if here_fails:
                 failed.add(chunk_no)
                 raise RuntimeError("the provider refused the chunk for good")
+        request.here_ended = time.monotonic() - started
 
     async def recorded_count(request_id: str) -> int:
+        request.counts.append(time.monotonic() - started)
         return shares - len(failed) if time.monotonic() - started >= seconds else 0
 
     async def recorded(request_id: str) -> set[int]:
@@ -209,6 +213,21 @@ async def test_with_shares_left_to_offer_the_runs_are_read_every_wait_seconds(
     request = await _fan_out(monkeypatch, shares=4, seconds=0.5, chunk_seconds=0.5)
     assert len(request.reads) >= 5, request.reads  # every 0.05 s (or as often as it can)
     assert request.reads[0] >= 0.04, request.reads
+
+
+async def test_the_chunks_are_counted_every_recorded_seconds_only_once_its_own_are_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Until its own chunks are sent the request cannot end: the recorded chunks are
+    # counted only as the progress is shown (every 0.05 s here), not every 0.01 s (a
+    # query in a thread five times a second in a worker, during every chunk).
+    request = await _fan_out(monkeypatch, shares=3, seconds=0.8, chunk_seconds=0.25)
+    assert request.here_ended >= 0.5
+    while_own = [t for t in request.counts if t < request.here_ended]
+    after = [t for t in request.counts if t > request.here_ended + 0.02]
+    assert len(while_own) <= request.here_ended / 0.05 + 2, while_own
+    assert len(after) >= 10, after  # every 0.01 s from 0.52 to 0.8 s
+    assert request.counts[-1] - 0.8 < 0.05  # the end noticed at once
 
 
 async def test_a_failure_making_share_runs_lets_the_requests_own_chunk_end_first(
