@@ -11,11 +11,11 @@ makes one share run, not one per share, and every worker with room takes part. A
 most ``CT_LIVE_SHARES`` share runs are not yet ended at a time. The request's run then
 waits for them, updating its progress artifact from the recorded chunks, and delivers
 whatever is still missing itself (a share that failed for good), so the report is
-always complete. Shares are cut
-from all of the request's chunks, never from the ones still missing, and are idempotent
-(key: request and first chunk): a taken-over request's run finds the very share runs it
-made, some maybe still running on other workers, and leaves them be. Chunks record every
-answer, so a share taken over after its worker died resumes where that worker stopped.
+always complete. Shares are cut from all of the request's chunks, never from the ones
+still missing, and are idempotent (key: request and first chunk): a taken-over request's
+run finds the very share runs it made, some maybe still running on other workers, and
+leaves them be. Chunks record every answer, so a share taken over after its worker died
+resumes where that worker stopped.
 
 In a worker process, shares (the request's own too) deliver their chunks through
 :class:`ShareSlots`: at most ``--chunk-concurrency`` chunks at a time, and a share run on
@@ -58,10 +58,12 @@ logger = logging.getLogger(__name__)
 # service's database) are looked at every RECORDED_SECONDS: the request notices its
 # last chunk within that; before, they cannot all be recorded, so they are counted only
 # as the progress bar is shown, every WAIT_SECONDS. The live shares' runs are read (a
-# call to the Prefect server) every WAIT_SECONDS while shares are left to offer, so a
-# claimed offer or an ended share is replaced within that; once every share is taken or
-# offered, only to notice a share that ended without all of its chunks (it failed for
-# good: the request delivers them itself), every ENDED_SECONDS.
+# call to the Prefect server) every WAIT_SECONDS while shares are left to offer and
+# workers claim them, so a claimed offer or an ended share is replaced within that;
+# twice as long after each read that found offers and none claimed (the workers are
+# busy), up to ENDED_SECONDS; once every share is taken or offered, only to notice a share that
+# ended without all of its chunks (it failed for good: the request delivers them
+# itself), every ENDED_SECONDS.
 RECORDED_SECONDS = 0.2
 WAIT_SECONDS = 1.0
 ENDED_SECONDS = 5.0
@@ -283,6 +285,7 @@ async def fan_out(
         # the runs were just made or read: the first read is one interval on
         show_at = time.monotonic() + WAIT_SECONDS
         read_at = time.monotonic() + (WAIT_SECONDS if left else ENDED_SECONDS)
+        unclaimed_reads = 0  # reads in a row that found offers and none claimed
         while True:
             done = await recorded_chunk_count(plan.request_id)
             if done >= plan.chunk_count:
@@ -294,10 +297,13 @@ async def fan_out(
             if now >= read_at:
                 offered = [run_id for run_id, unclaimed in running.items() if unclaimed]
                 running = await _not_ended(list(running))
-                await offer(sum(1 for run_id in offered if not running.get(run_id)))
+                claimed = sum(1 for run_id in offered if not running.get(run_id))
+                await offer(claimed)
                 if not running and not left and here.done():
                     break
-                read_at = now + (WAIT_SECONDS if left else ENDED_SECONDS)
+                unclaimed_reads = unclaimed_reads + 1 if offered and not claimed else 0
+                pace = WAIT_SECONDS * 2**unclaimed_reads if left else ENDED_SECONDS
+                read_at = now + min(pace, ENDED_SECONDS)
             if here.done():
                 await asyncio.sleep(RECORDED_SECONDS)
             else:  # the request cannot end before its own chunks: no count until then

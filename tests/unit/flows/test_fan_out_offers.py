@@ -206,13 +206,29 @@ async def test_with_no_share_left_to_offer_the_runs_are_read_every_ended_seconds
     assert all(b - a >= 0.2 for a, b in itertools.pairwise(reads)), reads
 
 
-async def test_with_shares_left_to_offer_the_runs_are_read_every_wait_seconds(
+async def test_with_shares_left_to_offer_and_claimed_the_runs_are_read_every_wait_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The request's run is slow with its own shares: some are left to offer meanwhile.
-    request = await _fan_out(monkeypatch, shares=4, seconds=0.5, chunk_seconds=0.5)
+    # The request's run is slow with its own shares: some are left to offer meanwhile,
+    # and workers claim each offer.
+    request = await _fan_out(
+        monkeypatch, shares=12, seconds=0.5, chunk_seconds=0.5, claimed=True, live=2
+    )
     assert len(request.reads) >= 5, request.reads  # every 0.05 s (or as often as it can)
     assert request.reads[0] >= 0.04, request.reads
+
+
+async def test_with_no_offer_claimed_the_runs_are_read_ever_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Nobody claims the offer (the workers are busy): 0.05 s, then 0.1, 0.2, and at most
+    # every 0.25 s (ENDED_SECONDS), not every 0.05 s (a call to the Prefect server each).
+    request = await _fan_out(monkeypatch, shares=4, seconds=1.0, chunk_seconds=0.5)
+    gaps = [b - a for a, b in itertools.pairwise(request.reads)]
+    assert 4 <= len(request.reads) <= 7, request.reads
+    assert gaps[0] >= 0.09, gaps
+    assert gaps[1] >= 0.18, gaps
+    assert all(gap <= 0.35 for gap in gaps), gaps
 
 
 async def test_the_chunks_are_counted_every_recorded_seconds_only_once_its_own_are_sent(
