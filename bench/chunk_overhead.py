@@ -27,8 +27,9 @@ against this process's during the reference (less noisy than the times: what the
 path costs the worker, whatever the machine's speed of the moment).
 
 Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3]``;
-``--chunks 40`` measures the fan-out path (4 shares of 10: the request's run delivers the
-first, three share runs the others).
+``--chunks 40`` measures the fan-out path (4 shares of 10; with the worker's one chunk
+slot the request's run delivers the first three itself and offers the last, which the
+worker claims as a share run while the request's own last chunk is sent).
 """
 
 from __future__ import annotations

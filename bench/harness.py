@@ -32,11 +32,15 @@ from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import psutil
 
 from campaign_trigger.stack import die_with_parent
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 BIN = Path(sys.executable).parent
 FCM_SUCCESS = '{"name": "projects/bench/messages/0:1"}'
@@ -512,6 +516,20 @@ def request_run_id(request_id: str) -> uuid.UUID:
         assert row is not None
         assert row.flow_run_id is not None
         return uuid.UUID(row.flow_run_id)
+
+
+async def share_runs(request_id: str) -> list[FlowRun]:
+    """The request's share runs: the ``deliver-chunks`` subflows of its flow run."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    run_id = request_run_id(request_id)
+    async with get_client() as client:
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])
+            )
+        )
 
 
 async def task_runs_recorded() -> None:

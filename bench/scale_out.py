@@ -5,12 +5,13 @@ Each round sends identical send-now CSV requests of ``--chunks`` chunks of 5,000
 ``campaign-trigger worker``, another by ``--workers`` (2), each with
 ``--chunk-concurrency`` chunk slots (the worker's default, 2); each layout's workers are
 started for it and warmed up on a request of their own first. Requests of more than
-``CT_CHUNKS_PER_RUN`` (10) chunks go out in shares: the request's run delivers the
-first, share runs the others, claimed by whichever worker has a place for them.
+``CT_CHUNKS_PER_RUN`` (10) chunks go out in shares: the request's run delivers shares
+from the first on and offers others from the last back as share runs, claimed by
+whichever worker has a place for them.
 
 Per request: the chunk phase (from the end of ``prepare delivery`` to the end of the last
 ``deliver chunk``, read from the task runs, as ``chunk_overhead.py`` does) and how many
-chunks each worker process delivered (the request's own share by the worker that claimed
+chunks each worker process delivered (the request's own shares by the worker that claimed
 its run, each share by the one that claimed the share's run: the claim's state message
 names the worker). The RESULT line gives the workers' chunk phase against one worker's,
 medians of the rounds. No target of its own: on this 2-core machine the Prefect
@@ -42,27 +43,23 @@ from harness import (
     request_run_id,
     result,
     seed_audience,
+    share_runs,
     wait_processed,
 )
 
 
 async def chunks_by_worker(request_id: str, chunk_count: int) -> collections.Counter[int]:
     """How many of the request's chunks each worker process (by pid) delivered: its share
-    runs' chunks to the worker that claimed each, the rest (the request's own share) to
+    runs' chunks to the worker that claimed each, the rest (the request's own shares) to
     the one that claimed the request's run."""
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     from campaign_trigger.services import prefect_runs
 
     run_id = request_run_id(request_id)
     counts: collections.Counter[int] = collections.Counter()
+    shares = await share_runs(request_id)
     async with get_client() as client:
-        shares = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])
-            )
-        )
         runs = [(s.id, len(s.parameters["chunk_nos"])) for s in shares]
         runs.append((run_id, chunk_count - sum(chunks for _, chunks in runs)))
         for flow_run_id, chunks in runs:

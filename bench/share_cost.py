@@ -4,17 +4,20 @@ The load-independent figure behind ``chunk_overhead.py --chunks 40``: there the 
 runs' cost hides in ±15 % of noise per round; here it is counted in CPU time. Each round
 sends ``--requests`` send-now CSV requests of ``--chunks`` chunks of ``--chunk-size``
 messages (one Android device each, FCM answered by a bare nginx: the chunks' own work is
-small) through a worker with one chunk slot, in two layouts, one after the other:
+small) through a worker with two chunk slots (the default), in two layouts, one after the
+other:
 
 * reference: ``CT_CHUNKS_PER_RUN`` = ``--chunks``, every chunk in the request's own run;
-* shares: ``CT_CHUNKS_PER_RUN`` = 1, the request's run delivers the first chunk and
-  ``--chunks`` - 1 share runs the others.
+* shares: ``CT_CHUNKS_PER_RUN`` = 1, shares of one chunk: the request's run delivers
+  some itself, and the worker's second chunk slot claims each share run it offers (about
+  half of them: how many is read from Prefect for each request).
 
 Per request, the Prefect server's and the worker's CPU (user + system, net of each
-one's idle load measured before the round) and the wall time from creation until the
-request is processed. A share run's cost is the difference between the layouts divided by
-the share runs. Also printed, per share run: what it left in the Prefect server's database
-(flow and task runs, states, logs, events) and, with ``--access-log``, the server's API
+one's idle load measured before the round), the wall time from creation until the
+request is processed, and its share runs. A share run's cost is the difference between
+the layouts' medians divided by the mean share runs per request. Also printed, per share
+run: what it left in the Prefect server's database (flow and task runs, states, logs,
+events) and, with ``--access-log``, the server's API
 calls by route (the logging costs the server CPU: do not compare that run's CPU).
 
 The RESULT line gives a share run's CPU (server and worker) against a chunk's in the
@@ -46,6 +49,7 @@ from harness import (
     private_stack,
     result,
     seed_audience,
+    share_runs,
     task_runs_recorded,
     wait_processed,
 )
@@ -61,6 +65,7 @@ class Cost:
     server: float
     worker: float
     wall: float
+    share_runs: int = 0
 
 
 def idle_rates(server: psutil.Process, worker: psutil.Process) -> tuple[float, float]:
@@ -84,7 +89,7 @@ def layout_costs(
     provider: dict[str, str],
 ) -> list[Cost]:
     """The cost of each of ``requests`` requests through a worker of this layout."""
-    worker = Worker(home, "--chunk-concurrency", "1", CT_CHUNKS_PER_RUN=str(per_run), **provider)
+    worker = Worker(home, CT_CHUNKS_PER_RUN=str(per_run), **provider)
     process = psutil.Process(worker.process.pid)
     try:
         asyncio.run(wait_processed(new_request(), 600))  # warm: the worker's first run
@@ -93,13 +98,15 @@ def layout_costs(
         for _ in range(requests):
             server_cpu, worker_cpu = cpu_seconds(server), cpu_seconds(process)
             started = time.monotonic()
-            asyncio.run(wait_processed(new_request(), 600))
+            request_id = new_request()
+            asyncio.run(wait_processed(request_id, 600))
             wall = time.monotonic() - started
             costs.append(
                 Cost(
                     server=cpu_seconds(server) - server_cpu - server_idle * wall,
                     worker=cpu_seconds(process) - worker_cpu - worker_idle * wall,
                     wall=wall,
+                    share_runs=len(asyncio.run(share_runs(request_id))),
                 )
             )
         return costs
@@ -112,6 +119,7 @@ def median_cost(costs: list[Cost]) -> Cost:
         server=statistics.median(c.server for c in costs),
         worker=statistics.median(c.worker for c in costs),
         wall=statistics.median(c.wall for c in costs),
+        share_runs=round(statistics.median(c.share_runs for c in costs)),
     )
 
 
@@ -128,7 +136,6 @@ def main() -> None:
     if args.access_log:
         os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "INFO"
     os.environ["CT_CHUNK_SIZE"] = str(args.chunk_size)  # the requests are chunked here
-    shares = args.chunks - 1
     layouts = {"reference": args.chunks, "shares": 1}
     costs: dict[str, list[Cost]] = {name: [] for name in layouts}
     added: dict[str, dict[str, int]] = {name: {} for name in layouts}
@@ -165,6 +172,10 @@ def main() -> None:
                     flush=True,
                 )
     own, shared = median_cost(costs["reference"]), median_cost(costs["shares"])
+    # share runs per request (the warm-up requests' rows and calls are counted as the mean's)
+    shares = statistics.mean(c.share_runs for c in costs["shares"])
+    if not shares:
+        raise SystemExit("no share run was made: nothing to measure")
     per_share = Cost(
         server=(shared.server - own.server) / shares,
         worker=(shared.worker - own.worker) / shares,
@@ -173,7 +184,8 @@ def main() -> None:
     print(
         f"per share run: server {per_share.server * 1000:.0f} ms CPU, worker "
         f"{per_share.worker * 1000:.0f} ms CPU, {per_share.wall * 1000:.0f} ms wall "
-        f"(medians of {len(costs['shares'])} requests per layout)"
+        f"(medians of {len(costs['shares'])} requests per layout, {shares:.1f} share runs "
+        f"of {args.chunks - 1} shares offered per request)"
     )
     requests = args.rounds * (args.requests + 1)  # each worker's warm-up request too
     print("per share run, rows and events left in the Prefect server's database:")

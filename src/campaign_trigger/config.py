@@ -106,15 +106,16 @@ class Settings(BaseSettings):
         default=10,
         gt=0,
         description="A request of more chunks than this hands them to any worker in "
-        "shares of this many: its run delivers the first, a deliver-chunks subflow run "
-        "each of the others; smaller requests run in their own run.",
+        "shares of this many: its run delivers shares from the first on, and offers "
+        "others from the last back as deliver-chunks subflow runs, one more than were "
+        "claimed since it last looked; smaller requests run in their own run.",
     )
     live_shares: int = Field(
         default=32,
         gt=0,
         le=200,
         description="The deliver-chunks runs a shared-out request keeps not yet ended; "
-        "the next is created as one ends. More than every worker's --chunk-concurrency "
+        "the next is offered as one ends. More than every worker's --chunk-concurrency "
         "together, so no worker waits for a share; bounded, so the Prefect server's work "
         "per second does not grow with the request (a gigabyte makes 513 shares).",
     )

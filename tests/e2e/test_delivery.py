@@ -260,7 +260,7 @@ async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
 
 
 SHARE_CHUNK_SIZE = 2_500
-SHARE_COUNT = KILL_USERS // SHARE_CHUNK_SIZE  # one chunk a share: 8, the first the request's
+SHARE_COUNT = KILL_USERS // SHARE_CHUNK_SIZE  # one chunk a share: 8
 LIVE_SHARES = 2
 
 
@@ -284,39 +284,42 @@ async def test_a_worker_killed_before_every_share_is_made_resends_at_most_the_me
     sandbox: Sandbox,
 ) -> None:
     """SIGKILL in the middle of a chunk of a request delivered through shares, while the
-    shares beyond its window of live ones are not made yet; a new worker takes over.
+    shares beyond its window of live share runs are not made yet; a new worker takes over.
 
-    The request's new run finds the shares already made by their keys (those of the dead
-    worker are taken over too) and makes the rest; counted as above.
+    The request's new run finds the share runs already made (those of the dead worker
+    are taken over too) and delivers or offers the rest; counted as above.
     """
     env = {
         "CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY),
         "CT_CHUNKS_PER_RUN": "1",
         "CT_LIVE_SHARES": str(LIVE_SHARES),
     }
-    # Kill four and a half chunks' worth of messages in (two shares send at once): the
-    # last shares are not made yet.
+    # Kill four and a half chunks' worth of messages in (the request's run and a share
+    # run send at once): the first shares are not made, nor all of them delivered.
     killed = await _killed_mid_chunk(
         start_worker, sandbox, env=env, chunk_size=SHARE_CHUNK_SIZE, kill_at=11_250
     )
     assert killed.recorded > killed.chunks * SHARE_CHUNK_SIZE  # a chunk under way
     made = await _shares(killed.request_id)  # as at the kill: no run makes shares now
     assert len(made) < SHARE_COUNT - 1, [s.parameters for s in made]
-    # the first share (chunk 0) is the request's run's own, never a share run
-    assert [s.parameters["chunk_nos"] for s in made] == [[k] for k in range(1, len(made) + 1)]
+    # offered from the last share back; the first (chunk 0) is the request's run's own
+    assert [s.parameters["chunk_nos"] for s in made] == [
+        [k] for k in range(SHARE_COUNT - len(made), SHARE_COUNT)
+    ]
     assert len(made) <= killed.chunks + LIVE_SHARES  # each made once an earlier one ended
 
     await _taken_over(start_worker, sandbox, killed, env=env)
     shares = await _shares(killed.request_id)
-    # Every chunk after the first went through its share (the request's run did not send
-    # the last ones itself), each share made once: the ones made before the kill were
-    # found again.
-    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(1, SHARE_COUNT)]
+    # The share runs made before the kill were found again, none made twice, and none
+    # of the first share: the request's run delivered it, and every chunk not in a share run.
     assert {s.id for s in made} <= {s.id for s in shares}
+    chunk_nos = [s.parameters["chunk_nos"] for s in shares]
+    assert len(chunk_nos) == len({c[0] for c in chunk_nos})
+    assert [0] not in chunk_nos
     assert {state_name(s) for s in shares} == {"COMPLETED"}
     print(
-        f"{len(made)} of {SHARE_COUNT - 1} share runs made at the kill, "
-        f"{killed.chunks} chunks complete"
+        f"{len(made)} of {SHARE_COUNT - 1} share runs made at the kill, {len(shares)} in "
+        f"all, {killed.chunks} chunks complete"
     )
 
 
@@ -330,33 +333,33 @@ async def _running_shares(request_id: str) -> set[int]:
 
 
 async def _claimed_ahead(request_id: str) -> bool:
-    """Whether a chunk is under way, far from its end, and the share after it runs
-    already: claimed ahead, waiting for the only chunk slot. (Two shares Running is not
-    enough: the one before may still be ending its run, the next not claimed yet.) The
-    chunks are read again after the shares, so no chunk ended meanwhile."""
-    chunks, _ = _recorded(request_id)  # chunks in order: chunk ``chunks`` is being sent
+    """Whether the request's run's last own chunk is under way, far from its end, and the
+    share run of the last chunk runs already: claimed ahead, waiting for the only chunk
+    slot. (Running is not enough on its own: the share may be claimed and not begun.)
+    The chunks are read again after the shares, so no chunk ended meanwhile."""
+    chunks, _ = _recorded(request_id)  # one slot: chunk ``chunks`` is being sent
     running = await _running_shares(request_id)
     again, recorded = _recorded(request_id)
     sent = recorded - chunks * SHARE_CHUNK_SIZE
-    under_way = again == chunks and 0 < sent < SHARE_CHUNK_SIZE * 3 // 4
-    return under_way and {chunks, chunks + 1} <= running
+    under_way = again == chunks == SHARE_COUNT - 2 and 0 < sent < SHARE_CHUNK_SIZE * 3 // 4
+    return under_way and SHARE_COUNT - 1 in running
 
 
 async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_messages_in_flight(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
 ) -> None:
-    """SIGKILL mid-chunk while the next share, claimed ahead of its turn (a share on its
-    last chunk hands its slot on), waits for the worker's only chunk slot; a new worker
-    takes both over. Counted as above.
+    """SIGKILL mid-chunk while the share offered, claimed ahead of its turn (the request's
+    run on its last own chunk hands its slot on), waits for the worker's only chunk slot;
+    a new worker takes both over. Counted as above.
 
     The sandbox answers each message after 60 ms, so a chunk takes about 1.5 s: at full
-    speed a chunk took 0.4 s on a fast machine, and the moment (the next share Running,
-    the chunk under way not 3/4 sent) lasted some 70 ms, less than the test needs to see
+    speed a chunk took 0.4 s on a fast machine, and the moment (the share Running, the
+    chunk under way not 3/4 sent) lasted some 70 ms, less than the test needs to see
     it."""
     env = {
         "CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY),
-        "CT_CHUNKS_PER_RUN": "1",  # every chunk is its share's last
+        "CT_CHUNKS_PER_RUN": "1",
         "CT_LIVE_SHARES": "3",
     }
     options = ("--chunk-concurrency", "1")
@@ -371,13 +374,14 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
         latency_ms=60,
     )
     assert killed.recorded > killed.chunks * SHARE_CHUNK_SIZE  # a chunk under way
-    # the share sending its chunk, and the next one, claimed ahead, not begun
-    running = await _running_shares(killed.request_id)
-    assert {killed.chunks, killed.chunks + 1} <= running, (killed.chunks, running)
+    # the worker alone: the request's run sent every share but the one offered, which
+    # runs, claimed ahead, not begun
+    assert killed.chunks == SHARE_COUNT - 2, killed.chunks
+    assert await _running_shares(killed.request_id) == {SHARE_COUNT - 1}
 
     await _taken_over(start_worker, sandbox, killed, env=env, options=options)
     shares = await _shares(killed.request_id)
-    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(1, SHARE_COUNT)]
+    assert [s.parameters["chunk_nos"] for s in shares] == [[SHARE_COUNT - 1]]
     assert {state_name(s) for s in shares} == {"COMPLETED"}
 
 

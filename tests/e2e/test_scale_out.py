@@ -17,7 +17,14 @@ from datetime import UTC, datetime
 
 import pytest
 from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+    TaskRunFilter,
+    TaskRunFilterName,
+)
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.services import prefect_runs
@@ -67,30 +74,43 @@ def _request(tenant: Tenant, users: list[str]) -> str:
     return request_id
 
 
-async def _shares_by_worker(request_id: str) -> dict[str, list[list[int]]]:
-    """Worker process -> the chunk shares it ran, from Prefect's run records (the claim
-    of each deliver-chunks subflow names its worker)."""
+async def _claimer(client: PrefectClient, run_id: uuid.UUID) -> str:
+    """The worker process that claimed the run last (its claim names it)."""
+    states = await client.read_flow_run_states(run_id)
+    claims = [
+        s.message.removeprefix(prefect_runs.WORKER_CLAIM_PREFIX)
+        for s in states
+        if s.type.value == "PENDING"
+        and s.message
+        and s.message.startswith(prefect_runs.WORKER_CLAIM_PREFIX)
+    ]
+    return claims[-1].removesuffix("-chunks").removesuffix("-default")
+
+
+async def _chunks_by_worker(request_id: str) -> dict[str, list[int]]:
+    """Worker process -> the chunks it delivered, from Prefect's run records: those of
+    the request's run (its own shares) and of each deliver-chunks subflow, each with
+    the worker whose claim of it is the last."""
     run = await wait_for_state(request_id, "COMPLETED", timeout=1)
-    by_worker: dict[str, list[list[int]]] = {}
+    by_worker: dict[str, list[int]] = {}
     async with get_client() as client:
         shares = await client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
             )
         )
+        own = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="deliver chunk")),
+        )
+        by_worker[await _claimer(client, run.id)] = [
+            int(t.name.split()[-1].split("/")[0]) - 1 for t in own
+        ]
         for share in shares:
             assert share.state is not None
             assert share.state.type.value == "COMPLETED", share.state
-            states = await client.read_flow_run_states(share.id)
-            claims = [
-                s.message.removeprefix(prefect_runs.WORKER_CLAIM_PREFIX)
-                for s in states
-                if s.type.value == "PENDING"
-                and s.message
-                and s.message.startswith(prefect_runs.WORKER_CLAIM_PREFIX)
-            ]
-            process = claims[-1].removesuffix("-chunks")
-            by_worker.setdefault(process, []).append(share.parameters["chunk_nos"])
+            process = await _claimer(client, share.id)
+            by_worker.setdefault(process, []).extend(share.parameters["chunk_nos"])
     return by_worker
 
 
@@ -110,19 +130,18 @@ async def test_two_workers_share_a_large_request_and_one_finishes_what_a_killed_
     add_devices([DeviceSpec(tenant.android, f"{u}-a", u, f"{u}-t") for u in users])
     chunk_count = USERS // get_settings().chunk_size
 
-    # 1. Calm: both workers take shares; the report is complete; each device once.
+    # 1. Calm: both workers deliver chunks; the report is complete; each device once.
     before = sandbox.delivered(tokens)
     started = time.monotonic()
     request_id = _request(tenant, users)
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=600)
     assert state_name(run) == "COMPLETED", run.state
     took = time.monotonic() - started
-    by_worker = await _shares_by_worker(request_id)
-    assert len(by_worker) == 2, by_worker  # both worker processes ran shares
-    # every chunk but the first share's (the request's run delivers it) in a share run
-    assert sorted(c for runs in by_worker.values() for share in runs for c in share) == list(
-        range(get_settings().chunks_per_run, chunk_count)
-    )
+    by_worker = await _chunks_by_worker(request_id)
+    assert len(by_worker) == 2, by_worker  # both worker processes delivered chunks
+    assert all(by_worker.values()), by_worker
+    # every chunk once: in the request's run or in one share run
+    assert sorted(c for chunks in by_worker.values() for c in chunks) == list(range(chunk_count))
     report = read_report(request_id)[tenant.android]
     assert len(report) == USERS
     assert {r["error_message"] for r in report} == {""}
@@ -130,7 +149,7 @@ async def test_two_workers_share_a_large_request_and_one_finishes_what_a_killed_
     assert set(counts.values()) == {1}  # each device once
     print(
         f"{USERS} recipients in {took:.1f} s on two workers: "
-        + ", ".join(f"{len(runs)} shares" for runs in by_worker.values())
+        + ", ".join(f"{len(chunks)} chunks" for chunks in by_worker.values())
     )
 
     # 2. Kill the worker running the request's own run, mid-chunk, at full speed.

@@ -254,7 +254,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             self._runs_task_group.start_soon(self._poll_now)
 
     def hold_place(self, flow_run_id: UUID) -> None:
-        """Take a slot for a share this worker did not claim (a request's own first share,
+        """Take a slot for a share this worker did not claim (a request's own shares,
         :meth:`fan_out.ShareSlots.own_share`), if one is free: one share fewer is claimed."""
         if self._limiter is not None:
             with contextlib.suppress(anyio.WouldBlock, RuntimeError):  # RuntimeError: held

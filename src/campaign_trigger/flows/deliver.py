@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
 
@@ -50,26 +50,38 @@ async def _deliver_here(
     progress: bool,
     slot: Callable[..., contextlib.AbstractAsyncContextManager[None]] = _no_slot,
 ) -> None:
-    """One task run per chunk, one after the other (a chunk's database writes already
-    overlap its sends), each inside ``slot(last=...)``, with a progress artifact if asked."""
-    done = plan.chunk_count - len(todo)
+    """One task run per chunk of ``todo``, one after the other, each inside
+    ``slot(last=...)``, with a progress artifact if asked."""
+    shown = None
+    if progress:
+        shown = artifacts.Progress(chunk_count=plan.chunk_count, done=plan.chunk_count - len(todo))
+    chunks = ((chunk_no, n == len(todo)) for n, chunk_no in enumerate(todo, start=1))
+    await _deliver_chunks(plan, chunks, slot=slot, shown=shown)
+    if shown is not None:
+        await shown.close()
+
+
+async def _deliver_chunks(
+    plan: DeliveryPlan,
+    chunks: Iterator[tuple[int, bool]],
+    *,
+    slot: Callable[..., contextlib.AbstractAsyncContextManager[None]] = _no_slot,
+    shown: artifacts.Progress | None = None,
+) -> None:
+    """One task run per chunk of ``chunks`` (each with whether it is the last), one after
+    the other (a chunk's database writes already overlap its sends), each inside
+    ``slot(last=...)``; each chunk's end shown on ``shown``."""
     # Each chunk task is given the plan without its recorded chunks, which it does not
     # use: Prefect walks a task's arguments before each run, so a late share of a
     # gigabyte (5,000 chunks recorded) paid ~30 ms a chunk task for them.
     for_chunks = dataclasses.replace(plan, recorded=set())
-    shown = None
-    if progress:
-        shown = artifacts.Progress(chunk_count=plan.chunk_count, done=done)
-    for n, chunk_no in enumerate(todo, start=1):
-        async with slot(last=n == len(todo)):
+    for chunk_no, last in chunks:
+        async with slot(last=last):
             await deliver_chunk.with_options(
                 task_run_name=f"deliver chunk {chunk_no + 1}/{plan.chunk_count}"
             )(for_chunks, chunk_no)
-        done += 1
         if shown is not None:
-            shown.show(done)  # the next chunk does not wait for the Prefect API
-    if shown is not None:
-        await shown.close()
+            shown.show(shown.done + 1)  # the next chunk does not wait for the Prefect API
 
 
 def _in_worker() -> tuple[sharing.ShareSlots, UUID] | None:
@@ -81,20 +93,20 @@ def _in_worker() -> tuple[sharing.ShareSlots, UUID] | None:
     return slots, context.flow_run.id
 
 
-async def _deliver_own_share(plan: DeliveryPlan, todo: list[int]) -> None:
-    """The request's own first share: in a worker its chunks hold the chunk slots as a
-    share run's do, and it holds a place in the chunks queue as a share run does.
+async def _deliver_own_shares(plan: DeliveryPlan, chunks: Iterator[tuple[int, bool]]) -> None:
+    """The request's own shares: in a worker their chunks hold the chunk slots as a share
+    run's do, and they hold a place in the chunks queue as a share run does.
 
-    ``fan_out`` starts this before it makes the first share run (whose creation is a
+    ``fan_out`` starts this before it offers the first share run (whose creation is a
     call to the Prefect server), so the place is taken before the worker could claim it.
     """
     in_worker = _in_worker()
     if in_worker is None:
-        await _deliver_here(plan, todo, progress=False)
+        await _deliver_chunks(plan, chunks)
         return
     slots, run_id = in_worker
     with slots.own_share(run_id):
-        await _deliver_here(plan, todo, progress=False, slot=functools.partial(slots.chunk, run_id))
+        await _deliver_chunks(plan, chunks, slot=functools.partial(slots.chunk, run_id))
 
 
 @flow(
@@ -119,7 +131,7 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
             plan,
             per_run=settings.chunks_per_run,
             live=settings.live_shares,
-            deliver_here=functools.partial(_deliver_own_share, plan),
+            deliver_here=functools.partial(_deliver_own_shares, plan),
         )
         todo = sorted(missing)
     else:

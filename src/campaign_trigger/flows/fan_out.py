@@ -1,38 +1,50 @@
 """Handing a large request's chunks to every delivery worker: ``deliver-chunks`` subflows.
 
 A request of more than ``CT_CHUNKS_PER_RUN`` chunks is cut into shares of that many.
-The request's run delivers the first share itself, from the moment it is prepared; each
-other share is a flow run of ``deliver-chunks/default`` in the pool's ``chunks`` queue,
-created as a subflow of the request's run (the UI shows it under the request), which
-any worker process on any machine claims and runs; at most ``CT_LIVE_SHARES`` of them
-are not yet ended at a time, the next created as one ends. The request's run waits for them,
-updating its progress artifact from the recorded chunks, then delivers whatever is
-still missing itself (a share that failed for good), so the report is always complete.
-Shares are cut from all of the request's chunks, never from the ones still missing, and
-are idempotent (key: request and first chunk): a taken-over request's run finds the very
-shares it made, some maybe still running on other workers, instead of making new ones
-that would overlap them. Chunks record every answer, so a share taken over after its
-worker died resumes where that worker stopped.
+The request's run delivers shares itself, from the first on, from the moment it is
+prepared; meanwhile it offers shares from the last one back as flow runs of
+``deliver-chunks/default`` in the pool's ``chunks`` queue, created as subflows of the
+request's run (the UI shows them under the request), which any worker process with
+room on any machine claims and runs. One offer waits at first; at each look one more
+is kept waiting than were claimed since the last, so a worker alone with the request
+makes one share run, not one per share, and every worker with room takes part. At
+most ``CT_LIVE_SHARES`` share runs are not yet ended at a time. The request's run then
+waits for them, updating its progress artifact from the recorded chunks, and delivers
+whatever is still missing itself (a share that failed for good), so the report is
+always complete. Shares are cut from all of the request's chunks, never from the ones
+still missing, and are idempotent (key: request and first chunk): a taken-over request's
+run finds the very share runs it made, some maybe still running on other workers, and
+leaves them be. Chunks record every answer, so a share taken over after its worker died
+resumes where that worker stopped.
 
-In a worker process, shares (the request's own first one too) deliver their chunks
-through :class:`ShareSlots`: at most ``--chunk-concurrency`` chunks at a time, and a share
-on its last chunk hands its place on, so the next share is claimed and started while
-that chunk is sent. The request's own share takes a place in the worker's chunks queue
-as a share run does, so the worker claims one share fewer while it is sent and leaves
-that share to a worker with room.
+In a worker process, shares (the request's own too) deliver their chunks through
+:class:`ShareSlots`: at most ``--chunk-concurrency`` chunks at a time, and a share run on
+its last chunk hands its place on, so the next share is claimed and started while that
+chunk is sent. The request's own shares take a place in the worker's chunks queue as a
+share run does, so the worker claims one share fewer while they are sent and leaves that
+share to a worker with room; they hand it on at their last chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Protocol
 from uuid import UUID
 
 from prefect import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.context import FlowRunContext
 from prefect.deployments.flow_runs import arun_deployment
 
 from campaign_trigger.services import prefect_runs
@@ -42,13 +54,16 @@ from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunk
 
 logger = logging.getLogger(__name__)
 
-# The recorded chunks (a count in the service's database) are looked at every
-# RECORDED_SECONDS: the request notices its last chunk within that; the progress bar is
-# shown every WAIT_SECONDS, and so are the live shares' runs read (a call to the Prefect
-# server) while shares wait to be made, so an ended one is replaced within that. Once
-# every share is made the runs are read only to notice a share that ended without all
-# of its chunks (it failed for good: the request delivers them itself), every
-# ENDED_SECONDS.
+# Once the request's run has sent its own shares, the recorded chunks (a count in the
+# service's database) are looked at every RECORDED_SECONDS: the request notices its
+# last chunk within that; before, they cannot all be recorded, so they are counted only
+# as the progress bar is shown, every WAIT_SECONDS. The live shares' runs are read (a
+# call to the Prefect server) every WAIT_SECONDS while shares are left to offer and
+# workers claim them, so a claimed offer or an ended share is replaced within that;
+# twice as long after each read that found offers and none claimed (the workers are
+# busy), up to ENDED_SECONDS; once every share is taken or offered, only to notice a share that
+# ended without all of its chunks (it failed for good: the request delivers them
+# itself), every ENDED_SECONDS.
 RECORDED_SECONDS = 0.2
 WAIT_SECONDS = 1.0
 ENDED_SECONDS = 5.0
@@ -79,10 +94,10 @@ class ShareSlots:
     shares). A share claimed ahead waits at most one chunk, so it is never held from an
     idle worker for long.
 
-    A request's own first share is not claimed from the queue: :meth:`own_share` takes a
-    place for it, as a claimed share run holds one. Without that place, a worker whose
-    slots the request's own share was filling claimed the next share at once, and held
-    it, waiting for a slot, from workers that had room for the whole share.
+    A request's own shares are not claimed from the queue: :meth:`own_share` takes a
+    place for them, as a claimed share run holds one. Without that place, a worker whose
+    slots the request's own shares were filling claimed the share offered at once, and
+    held it, waiting for a slot, from workers that had room for the whole share.
     """
 
     def __init__(self, size: int, queue: ChunksQueue) -> None:
@@ -91,8 +106,8 @@ class ShareSlots:
 
     @contextlib.contextmanager
     def own_share(self, run_id: UUID) -> Iterator[None]:
-        """While the request's run ``run_id`` delivers its own share: a place in the chunks
-        queue if one is free (handed on at its last chunk, else freed at its end)."""
+        """While the request's run ``run_id`` delivers its own shares: a place in the chunks
+        queue if one is free (handed on at their last chunk, else freed at their end)."""
         self._queue.hold_place(run_id)
         try:
             yield
@@ -102,7 +117,7 @@ class ShareSlots:
     @contextlib.asynccontextmanager
     async def chunk(self, share_run: UUID, *, last: bool) -> AsyncIterator[None]:
         """Hold a slot while one chunk of the share of ``share_run`` (a share run, or the
-        request's run for its own share) is delivered."""
+        request's run for its own shares) is delivered."""
         async with self._free:
             if last:
                 self._queue.hand_on(share_run)
@@ -132,22 +147,43 @@ async def _start_share(plan: DeliveryPlan, share: list[int]) -> UUID:
     return run.id
 
 
-async def _still_running(run_ids: list[UUID]) -> list[UUID]:
-    """Those of ``run_ids`` that have not ended, read a page at a time (Prefect refuses a
-    larger one)."""
+async def _shares_made(run_id: UUID | None) -> dict[int, UUID]:
+    """The share runs the request's run ``run_id`` made (before it was taken over, if it
+    was), by their first chunk; none outside a flow run."""
+    if run_id is None:
+        return {}
     page = prefect_runs.PAGE_LIMIT
-    running: list[UUID] = []
+    made: dict[int, UUID] = {}
+    async with get_client() as client:
+        while True:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])
+                ),
+                limit=page,
+                offset=len(made),
+            )
+            made.update((r.parameters["chunk_nos"][0], r.id) for r in runs)
+            if len(runs) < page:
+                return made
+
+
+async def _not_ended(run_ids: list[UUID]) -> dict[UUID, bool]:
+    """Those of ``run_ids`` that have not ended, each with whether no worker has claimed
+    it yet (Scheduled); read a page at a time (Prefect refuses a larger one)."""
+    page = prefect_runs.PAGE_LIMIT
+    running: dict[UUID, bool] = {}
     async with get_client() as client:
         for start in range(0, len(run_ids), page):
             ids = run_ids[start : start + page]
             runs = await client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids)
             )
-            running += [
-                r.id
+            running.update(
+                (r.id, r.state is not None and r.state.type == StateType.SCHEDULED)
                 for r in runs
                 if r.state is None or not r.state.is_final() or _dead(r.state.message)
-            ]
+            )
     return running
 
 
@@ -156,16 +192,46 @@ def _dead(message: str | None) -> bool:
     return message == prefect_runs.DEAD_RUN_MESSAGE
 
 
-async def _first_share(
-    deliver_here: Callable[[list[int]], Awaitable[None]], share: list[int], plan: DeliveryPlan
-) -> None:
-    """The request's own share, what of it is not recorded yet. A chunk that fails for good
-    fails the share, not the request: like a failed share run's, its chunks are delivered
-    again once every share has ended, while the share runs go on."""
+def _local_chunks(
+    first: list[int] | None, left: collections.deque[list[int]], recorded: AbstractSet[int]
+) -> Generator[tuple[int, bool]]:
+    """The chunks the request's run delivers itself, each with whether it is the last:
+    ``first``, then share after share from the front of ``left`` (the shares not made).
+    The next share is taken from ``left`` as the last chunk of one starts, so it is never
+    offered to other workers meanwhile, and a chunk is the last only if none is left.
+    Closed early (a chunk failed), it puts the share it took but did not begin back."""
+    share = first
+    following = None
     try:
-        await deliver_here([n for n in share if n not in plan.recorded])
+        while share is not None:
+            todo = [n for n in share if n not in recorded]
+            following = None
+            if not todo:
+                following = left.popleft() if left else None
+            for k, chunk_no in enumerate(todo, start=1):
+                if k == len(todo):
+                    following = left.popleft() if left else None
+                yield chunk_no, k == len(todo) and following is None
+            share = following
+    except GeneratorExit:
+        if following is not None:
+            left.appendleft(following)
+        raise
+
+
+async def _here(
+    deliver_here: Callable[[Iterator[tuple[int, bool]]], Awaitable[None]],
+    chunks: Generator[tuple[int, bool]],
+    plan: DeliveryPlan,
+) -> None:
+    """The shares the request's run delivers itself. A chunk that fails for good ends
+    them, not the request: its chunks are delivered again once every share has ended,
+    and the shares not begun are offered to the workers, while the share runs go on."""
+    try:
+        await deliver_here(chunks)
     except Exception:
-        logger.exception("request %s: its own share failed; retried at the end", plan.request_id)
+        chunks.close()
+        logger.exception("request %s: its own shares failed; retried at the end", plan.request_id)
 
 
 async def fan_out(
@@ -173,48 +239,75 @@ async def fan_out(
     *,
     per_run: int,
     live: int,
-    deliver_here: Callable[[list[int]], Awaitable[None]],
+    deliver_here: Callable[[Iterator[tuple[int, bool]]], Awaitable[None]],
 ) -> set[int]:
-    """Deliver the request's chunks: the first share with ``deliver_here`` (in the
-    request's run), the others through share runs on any worker; returns the chunks still
-    missing once every share has ended.
+    """Deliver the request's chunks: shares from the front with ``deliver_here`` (in the
+    request's run), shares from the back through share runs that other workers claim;
+    returns the chunks still missing once every share has ended.
 
-    The first share needs no run: its chunks start as soon as the request is prepared,
-    not after a share run is made, claimed, started and has read the plan (0.2-0.5 s),
-    and the other shares are made meanwhile. At most ``live`` share runs are not yet
-    ended at a time: the next is made when one ends, so what the Prefect server does each
-    second for the request (its reads of the shares, its cancellation service's look at
-    every subflow not yet ended) is that of ``live`` shares, not of all of a gigabyte's
-    513.
+    The request's run starts its first share at once, not after a share run is made,
+    claimed, started and has read the plan (0.2-0.5 s). Share runs are offered from the
+    last share back, one at first: a worker with room claims the offer, and at each look
+    one more offer is kept waiting than were claimed since the last, so as many workers
+    take part as have room; an offer nobody claims waits while the request's run
+    goes on with the shares in front of it. So a worker alone with the request delivers
+    all but one share in the request's own run, each share run costing the Prefect
+    server as much as a one-message request (docs/benchmarks.md), and several workers
+    each take shares as soon as they have room. At most ``live`` share runs are not yet
+    ended at a time, so what the Prefect server does each second for the request (its
+    reads of the shares, its cancellation service's look at every subflow not yet
+    ended) is that of ``live`` shares, not of all of a gigabyte's 513.
+
+    A taken-over request's run finds the share runs its predecessor made (they may still
+    run elsewhere) and leaves them be; the shares it finds not made it takes or offers
+    again, from what is recorded of them.
     """
-    own, *others = shares(range(plan.chunk_count), per_run)
-    here = asyncio.create_task(_first_share(deliver_here, own, plan))
-    waiting = [share for share in reversed(others) if not plan.recorded.issuperset(share)]
-    running: list[UUID] = []
+    context = FlowRunContext.get()
+    made = await _shares_made(context.flow_run.id if context and context.flow_run else None)
+    left = collections.deque(
+        share
+        for share in shares(range(plan.chunk_count), per_run)
+        if share[0] not in made and not plan.recorded.issuperset(share)
+    )
+    running = await _not_ended(list(made.values())) if made else {}
+    first = left.popleft() if left else None
+    # Taken before the first share run is made: the run's place in its worker's chunks
+    # queue is held before that worker could claim the share run.
+    here = asyncio.create_task(_here(deliver_here, _local_chunks(first, left, plan.recorded), plan))
 
-    async def top_up() -> None:  # popped from the end: in chunk order
-        while waiting and len(running) < live:
-            running.append(await _start_share(plan, waiting.pop()))
+    async def offer(claimed: int) -> None:  # popped from the end: the last share first
+        while left and len(running) < live and sum(running.values()) <= claimed:
+            running[await _start_share(plan, left.pop())] = True
 
     try:
-        await top_up()
+        await offer(0)
         progress = artifacts.Progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
-        every = round(WAIT_SECONDS / RECORDED_SECONDS)  # looks per progress update
-        looks = 0
+        # the runs were just made or read: the first read is one interval on
+        show_at = time.monotonic() + WAIT_SECONDS
+        read_at = time.monotonic() + (WAIT_SECONDS if left else ENDED_SECONDS)
+        unclaimed_reads = 0  # reads in a row that found offers and none claimed
         while True:
             done = await recorded_chunk_count(plan.request_id)
             if done >= plan.chunk_count:
                 break
-            looks += 1  # the runs were just made or read: the first read is one interval on
-            if looks % every == 0:
+            now = time.monotonic()
+            if now >= show_at:
                 progress.show(done)
-            pace = WAIT_SECONDS if waiting else ENDED_SECONDS
-            if looks % round(pace / RECORDED_SECONDS) == 0:
-                running = await _still_running(running)
-                await top_up()
-                if not running and here.done():
+                show_at = now + WAIT_SECONDS
+            if now >= read_at:
+                offered = [run_id for run_id, unclaimed in running.items() if unclaimed]
+                running = await _not_ended(list(running))
+                claimed = sum(1 for run_id in offered if not running.get(run_id))
+                await offer(claimed)
+                if not running and not left and here.done():
                     break
-            await asyncio.sleep(RECORDED_SECONDS)
+                unclaimed_reads = unclaimed_reads + 1 if offered and not claimed else 0
+                pace = WAIT_SECONDS * 2**unclaimed_reads if left else ENDED_SECONDS
+                read_at = now + min(pace, ENDED_SECONDS)
+            if here.done():
+                await asyncio.sleep(RECORDED_SECONDS)
+            else:  # the request cannot end before its own chunks: no count until then
+                await asyncio.wait({here}, timeout=min(show_at, read_at) - time.monotonic())
         await here  # its last chunk's task run ends after the chunk is recorded
     except Exception:
         await here  # the request fails (share runs not made): its own chunks end first

@@ -1,5 +1,6 @@
-"""A request of more chunks than CT_CHUNKS_PER_RUN hands shares of them to any worker as
-``deliver-chunks`` subflow runs; the report is complete and every device gets one."""
+"""A request of more chunks than CT_CHUNKS_PER_RUN delivers shares of them itself and
+offers others to any worker as ``deliver-chunks`` subflow runs; the report is complete and
+every device gets one."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
 import pytest
-from prefect import flow, get_client
+from prefect import Task, flow, get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterParentFlowRunId,
 )
-from prefect.client.schemas.objects import FlowRun
-from prefect.states import Completed, Crashed, Running
+from prefect.client.schemas.objects import FlowRun, TaskRun
+from prefect.states import Completed, Crashed, Running, Scheduled
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox_rules import SandboxState
@@ -81,42 +82,52 @@ def four_chunks_per_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield from _settings(monkeypatch, CT_CHUNKS_PER_RUN="4")
 
 
+async def _chunk_task_runs(run: FlowRun, shares: list[FlowRun], count: int) -> list[TaskRun]:
+    """The ``deliver chunk`` task runs of the request's run and its shares, once all
+    ``count`` are recorded and ended."""
+    recorded = await recorded_task_runs(
+        [run.id, *(s.id for s in shares)],
+        lambda runs: (
+            sum(1 for t in runs if t.name.startswith("deliver chunk") and t.end_time) == count
+        ),
+    )
+    return [t for t in recorded if t.name.startswith("deliver chunk")]
+
+
+def _chunk_nos(task_runs: list[TaskRun], flow_run: FlowRun) -> list[int]:
+    """The chunks (from 0) whose task runs ran in ``flow_run``, in order."""
+    return sorted(
+        int(t.name.split()[-1].split("/")[0]) - 1 for t in task_runs if t.flow_run_id == flow_run.id
+    )
+
+
 async def test_a_large_request_is_delivered_through_subflow_shares(
     four_chunks_per_run: None, worker: None, sandbox_url: str
 ) -> None:
     # 25 messages in chunks of 3: 9 chunks, more than the 4 a run keeps for itself. The
-    # request's run delivers the first share itself; the others are share runs.
+    # request's run delivers the first share itself and offers the last as a share run,
+    # which the worker claims (it has room: two chunk slots); the share between goes to
+    # whichever takes it first.
     run, shares = await _delivered_through_shares(sandbox_url, users=25, chunk_size=3)
     async with get_client() as client:
         names = {(await client.read_flow(s.flow_id)).name for s in shares}
-    recorded = await recorded_task_runs(
-        [run.id, *(s.id for s in shares)],
-        lambda runs: sum(1 for t in runs if t.name.startswith("deliver chunk")) == 9,
-    )
-    chunk_runs = [
-        sorted(
-            (
-                t.name
-                for t in recorded
-                if t.flow_run_id == r.id and t.name.startswith("deliver chunk")
-            ),
-            key=lambda name: int(name.split()[-1].split("/")[0]),
-        )
-        for r in (run, *shares)
-    ]
+    chunks = await _chunk_task_runs(run, shares, 9)
     assert names == {"deliver-chunks"}
-    assert [s.parameters["chunk_nos"] for s in shares] == [[4, 5, 6, 7], [8]]
     assert {s.state.type.value for s in shares if s.state} == {"COMPLETED"}
-    assert chunk_runs == [
-        [f"deliver chunk {k}/9" for k in range(1, 5)],
-        [f"deliver chunk {k}/9" for k in range(5, 9)],
-        ["deliver chunk 9/9"],
-    ]
+    assert [s.parameters["chunk_nos"] for s in shares][-1] == [8]  # offered first
+    in_shares = [_chunk_nos(chunks, s) for s in shares]
+    assert in_shares == [s.parameters["chunk_nos"] for s in shares]
+    own = _chunk_nos(chunks, run)
+    assert own[:4] == [0, 1, 2, 3]
+    # every chunk once, in the request's run or in one share run; whole shares each
+    assert sorted(own + [c for share in in_shares for c in share]) == list(range(9))
+    assert own in ([0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7])
     # A share run's only task runs are its chunks': its plan is a read, not a task run
     # (three more events for the Prefect server in every share run).
     share_ids = {s.id for s in shares}
+    recorded = await recorded_task_runs([run.id, *share_ids], lambda runs: True)
     assert sorted(t.name for t in recorded if t.flow_run_id in share_ids) == sorted(
-        f"deliver chunk {k}/9" for k in range(5, 10)
+        t.name for t in chunks if t.flow_run_id in share_ids
     )
 
 
@@ -126,20 +137,32 @@ def one_chunk_per_run_two_live(monkeypatch: pytest.MonkeyPatch) -> Iterator[None
 
 
 async def test_a_request_keeps_at_most_its_live_shares_not_ended(
-    one_chunk_per_run_two_live: None, worker: None, sandbox_url: str
+    one_chunk_per_run_two_live: None, worker: None, sandbox_url: str, sandbox_state: SandboxState
 ) -> None:
     # A gigabyte makes 513 shares: made all at once, the Prefect server's cancellation
     # service read each of them every 20 s and the request's run read a page of 200 every
-    # second (the server at 0.6 of a core, against 0.27). Here 6 shares, the request's own
-    # and 5 share runs, at most 2 not yet ended at a time.
-    _, shares = await _delivered_through_shares(sandbox_url, users=12, chunk_size=2)
-    assert [s.parameters["chunk_nos"] for s in shares] == [[k] for k in range(1, 6)]
-    ends = [s.end_time for s in shares]
-    assert all(ends), [s.state for s in shares]
-    for k, share in enumerate(shares[2:], start=2):
-        # made only once all but one of the shares before it had ended
-        ended_before = sum(1 for end in ends[:k] if end is not None and end <= share.created)
-        assert ended_before >= k - 1, (k, share.created, ends)
+    # second (the server at 0.6 of a core, against 0.27). Here 12 shares of a chunk each,
+    # at most 2 share runs not yet ended at a time: the worker claims every offer (it has
+    # room), so more are offered than two, each made only once an earlier one ended.
+    sandbox_state.configure(latency_ms=300)  # each chunk lasts at least 0.3 s
+    try:
+        _, shares = await _delivered_through_shares(sandbox_url, users=24, chunk_size=2)
+    finally:
+        sandbox_state.configure(latency_ms=0)
+    assert len(shares) > 2, [s.parameters for s in shares]
+    assert all(s.end_time for s in shares), [s.state for s in shares]
+    for share in shares:
+        not_ended = [
+            s
+            for s in shares
+            if s.id != share.id
+            and s.created is not None
+            and share.created is not None
+            and s.created < share.created
+            and s.end_time is not None
+            and s.end_time > share.created
+        ]
+        assert len(not_ended) <= 1, (share.parameters, [s.parameters for s in not_ended])
 
 
 @pytest.fixture
@@ -163,41 +186,34 @@ async def one_chunk_slot(
     await asyncio.wait_for(task, timeout=60)
 
 
-async def test_the_next_share_starts_while_the_last_chunk_of_the_one_before_is_sent(
+async def test_a_worker_alone_makes_one_share_run_started_while_its_last_chunk_is_sent(
     one_chunk_slot: None, sandbox_url: str, sandbox_state: SandboxState
 ) -> None:
-    # Each handover between two shares left the only chunk slot idle ~0.5 s (the run's
-    # end, the next claim, its start, its plan): 15 % over 40 chunks of 5,000. A share
-    # on its last chunk now hands its slot on: the next share is claimed and started
-    # meanwhile, and its first chunk waits for that chunk to end.
-    # The request's own first share holds the slot for its chunks too.
+    # A share run costs the Prefect server what a one-message request does (~190 ms of
+    # CPU): one per share was ~8 % of the chunks' time through shares. A worker alone
+    # with the request, its only chunk slot busy with the request's own shares, never
+    # claims the share offered until the request's run has nothing left of its own: one
+    # share run, the last share, for 4 shares. It is claimed and started during the
+    # request's own last chunk (the place handed on then), and its first chunk waits for
+    # that chunk to end.
     sandbox_state.configure(latency_ms=700)  # each chunk lasts at least 0.7 s
     try:
         run, shares = await _delivered_through_shares(sandbox_url, users=16, chunk_size=2)
     finally:
         sandbox_state.configure(latency_ms=0)
-    assert [s.parameters["chunk_nos"] for s in shares] == [[2, 3], [4, 5], [6, 7]]
-    ends = [s.end_time for s in shares]
-    starts = [s.start_time for s in shares]
-    assert all(ends), ends
-    assert all(starts), starts
-    for end, start in zip(ends, starts[1:], strict=False):  # the next began before it ended
-        assert start < end, (starts, ends)
-    recorded = await recorded_task_runs(
-        [run.id, *(s.id for s in shares)],
-        lambda runs: sum(1 for t in runs if t.name.startswith("deliver chunk") and t.end_time) == 8,
-    )
-    chunks = [t for t in recorded if t.name.startswith("deliver chunk")]
+    assert [s.parameters["chunk_nos"] for s in shares] == [[6, 7]]
+    chunks = await _chunk_task_runs(run, shares, 8)
+    assert _chunk_nos(chunks, run) == list(range(6))
     spans = sorted((t.start_time, t.end_time) for t in chunks if t.start_time and t.end_time)
     assert len(spans) == 8, chunks
     for (_, end), (start, _) in itertools.pairwise(spans):  # one slot: one chunk at a time
         assert end <= start, spans
-    # The request's own share held the worker's only place in its chunks queue, as a
-    # share run does: the first share run was claimed and started during its last chunk,
-    # not held from other workers while its first chunk was sent.
-    own_last = next(t for t in chunks if t.name == "deliver chunk 2/8")
+    own_last = next(t for t in chunks if t.name == "deliver chunk 6/8")
+    share_start = shares[0].start_time
     assert own_last.start_time is not None
-    assert own_last.start_time < starts[0], (own_last.start_time, starts)
+    assert own_last.end_time is not None
+    assert share_start is not None
+    assert own_last.start_time < share_start < own_last.end_time, (own_last, share_start)
 
 
 @flow(name="fan-out-share-probe")
@@ -212,9 +228,41 @@ async def test_every_live_share_is_read_past_a_page_of_flow_runs(prefect_server:
         runs = [await client.create_flow_run(_share_probe, state=Completed()) for _ in range(count)]
         last = runs[-1].id  # on the second page
         await client.set_flow_run_state(last, Running(), force=True)
-        assert await fan_out._still_running([r.id for r in runs]) == [last]
+        assert list(await fan_out._not_ended([r.id for r in runs])) == [last]
         await client.set_flow_run_state(last, Completed(), force=True)
-        assert await fan_out._still_running([r.id for r in runs]) == []
+        assert await fan_out._not_ended([r.id for r in runs]) == {}
         dead = Crashed(message=prefect_runs.DEAD_RUN_MESSAGE)  # about to be taken over
         await client.set_flow_run_state(last, dead, force=True)
-        assert await fan_out._still_running([r.id for r in runs]) == [last]
+        assert list(await fan_out._not_ended([r.id for r in runs])) == [last]
+        await client.set_flow_run_state(last, Scheduled(), force=True)  # an offer not claimed
+        assert await fan_out._not_ended([r.id for r in runs]) == {last: True}
+
+
+@flow(name="fan-out-share-probe-chunks")
+def _share_probe_of(chunk_nos: list[int]) -> None:
+    """A stand-in for a share run, under a stand-in for a request's run."""
+
+
+async def test_a_taken_over_request_finds_every_share_run_it_made_past_a_page(
+    prefect_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prefect_runs, "PAGE_LIMIT", 2)  # three share runs: two pages
+    async with get_client() as client:
+        request_run = await client.create_flow_run(_share_probe, state=Running())
+        made = {}
+        for first in (0, 4, 8):
+            parent = await client.create_task_run(
+                Task(fn=lambda: None, name="deliver-chunks/default"),
+                flow_run_id=request_run.id,
+                dynamic_key=str(first),
+            )
+            share = await client.create_flow_run(
+                _share_probe_of,
+                parameters={"chunk_nos": [first, first + 1]},
+                parent_task_run_id=parent.id,
+            )
+            made[first] = share.id
+        other = await client.create_flow_run(_share_probe, state=Running())
+    assert await fan_out._shares_made(request_run.id) == made
+    assert await fan_out._shares_made(other.id) == {}
+    assert await fan_out._shares_made(None) == {}

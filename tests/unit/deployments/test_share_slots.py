@@ -1,7 +1,7 @@
 """A worker's chunk slots for shares: at most ``size`` chunks at a time, and a share on its
 last chunk hands its place on at once, so the next share starts while that chunk is sent
-and its first chunk takes the slot the moment the chunk ends. A request's own first share
-holds a place in the worker's chunks queue as a claimed share run does."""
+and its first chunk takes the slot the moment the chunk ends. A request's own shares
+hold a place in the worker's chunks queue as a claimed share run does."""
 
 from __future__ import annotations
 
