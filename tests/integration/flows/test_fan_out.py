@@ -118,7 +118,6 @@ async def test_a_large_request_is_delivered_through_subflow_shares(
     in_shares = [_chunk_nos(chunks, s) for s in shares]
     assert in_shares == [s.parameters["chunk_nos"] for s in shares]
     own = _chunk_nos(chunks, run)
-    assert own[:4] == [0, 1, 2, 3]
     # every chunk once, in the request's run or in one share run; whole shares each
     assert sorted(own + [c for share in in_shares for c in share]) == list(range(9))
     assert own in ([0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7])
