@@ -104,14 +104,22 @@ class ManagedProcess:
             time.sleep(0.1)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to the whole group and reap the leader."""
+        """Send ``sig`` to the whole group (frozen or not) and reap the leader."""
         with suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)
+            os.killpg(self.popen.pid, signal.SIGCONT)  # a frozen group handles it
         try:
             self.popen.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(timeout=5)
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole group: it keeps its state and does nothing until :meth:`thaw`."""
+        os.killpg(self.popen.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.killpg(self.popen.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it lingers."""

@@ -22,6 +22,7 @@ from prefect.client.schemas.objects import FlowRun
 from sqlalchemy import func, select
 from sqlmodel import col
 
+from campaign_trigger.delivery import freeze
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
@@ -137,9 +138,10 @@ KILL_CONCURRENCY = 100
 
 @dataclass(frozen=True)
 class Killed:
-    """A request whose worker was SIGKILLed mid-chunk, as it stood once the requests
-    already on the wire had landed."""
+    """A request whose worker was SIGKILLed (or frozen) mid-chunk, as it stood once the
+    requests already on the wire had landed."""
 
+    worker: ManagedProcess
     request_id: str
     tenant: Tenant
     users: list[str]
@@ -164,11 +166,12 @@ async def _killed_mid_chunk(
     options: tuple[str, ...] = (),
     until: Callable[[str], Awaitable[bool]] | None = None,
     latency_ms: float = 0,
+    halt: Callable[[ManagedProcess], None] = ManagedProcess.kill,
 ) -> Killed:
     """A send-now request of ``KILL_USERS`` (one Android device each) to a worker started
-    with ``options`` and ``env``, SIGKILLed once the sandbox got ``kill_at`` of its
-    messages (and, if given, ``until(request_id)`` holds). Up to the kill the sandbox
-    answers each message after ``latency_ms`` (at full speed if 0).
+    with ``options`` and ``env``, SIGKILLed (or else ``halt``-ed) once the sandbox got
+    ``kill_at`` of its messages (and, if given, ``until(request_id)`` holds). Up to the
+    kill the sandbox answers each message after ``latency_ms`` (at full speed if 0).
 
     The kill caught sends in flight, at most ``KILL_CONCURRENCY``: a provider's slots are
     shared by every chunk of the process sending to its app (``delivery/sending.py``),
@@ -197,13 +200,13 @@ async def _killed_mid_chunk(
                 f"of {kill_at} messages):\n{worker.log_tail()}"
             )
             await asyncio.sleep(0.002)
-        worker.kill()
+        halt(worker)
         await asyncio.sleep(1.0)  # requests already on the wire land
     finally:
         sandbox.state.configure(latency_ms=latency)
     chunks, recorded = _recorded(request_id)
     delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
-    killed = Killed(request_id, tenant, users, tokens, chunks, recorded, delivered)
+    killed = Killed(worker, request_id, tenant, users, tokens, chunks, recorded, delivered)
     assert killed.in_flight > 0, "the kill did not catch any send in flight"
     assert killed.in_flight <= KILL_CONCURRENCY
     return killed
@@ -257,6 +260,29 @@ async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
     assert killed.chunks == 1, killed.chunks  # the first chunk complete, the second one under way
     assert 5_000 < killed.recorded < 10_000, killed.recorded
     await _taken_over(start_worker, sandbox, killed, env=env)
+
+
+async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_without_sending(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+) -> None:
+    """SIGSTOP in the middle of a chunk: the run is marked dead and a new worker completes
+    it, as after a kill. Then SIGCONT: the frozen worker still holds the run and its chunk
+    in memory, and exits before it sends one more message (delivery/freeze.py) instead
+    of sending the rest of its chunk a second time."""
+    env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
+    frozen = await _killed_mid_chunk(
+        start_worker, sandbox, env=env, chunk_size=5000, kill_at=7_300, halt=ManagedProcess.freeze
+    )
+    assert frozen.chunks == 1, frozen.chunks  # the first chunk complete, the second under way
+    await _taken_over(start_worker, sandbox, frozen, env=env)
+    sent = len(sandbox.state.deliveries)
+    frozen.worker.thaw()
+    await asyncio.sleep(3.0)  # what it would send goes out at once
+    again = len(sandbox.state.deliveries) - sent
+    assert again == 0, f"{again} sent after the thaw:\n{frozen.worker.log_tail()}"
+    assert frozen.worker.popen.wait(timeout=10) == freeze.EXIT_CODE, frozen.worker.log_tail()
+    assert "was frozen for" in frozen.worker.log_tail()
 
 
 SHARE_CHUNK_SIZE = 2_500

@@ -1,0 +1,115 @@
+"""A worker process frozen long enough to lose its runs stops before it sends again:
+the watch's thread finds the freeze out when it wakes, a send when it is about to go on
+the wire; an idle process goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from campaign_trigger.delivery import freeze
+from campaign_trigger.delivery.base import PushMessage
+from campaign_trigger.delivery.mapping import OK, Verdict
+from campaign_trigger.delivery.sending import Answer, RetryingSender
+from campaign_trigger.store.models import Platform
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Frozen(Exception):
+    """Raised by the tests' ``on_frozen`` in place of the process's exit."""
+
+
+def _raise(frozen: float) -> None:
+    raise Frozen(frozen)
+
+
+def _until(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_the_threshold_is_half_the_shortest_freeze_that_can_get_a_run_marked_dead() -> None:
+    # The last heartbeat may be a whole interval old when the process freezes.
+    assert freeze.threshold_seconds(dead_after=90, heartbeat_seconds=30) == 30
+    assert freeze.threshold_seconds(dead_after=40, heartbeat_seconds=30) == 5
+
+
+def test_a_send_after_a_freeze_of_the_threshold_stops_and_not_before() -> None:
+    clock, frozen = Clock(), []
+    watch = freeze.FreezeWatch(5.0, busy=lambda: True, on_frozen=frozen.append, clock=clock)
+    clock.now += freeze.TICK_SECONDS + 4.9  # a tick late by 4.9 s
+    watch.check()
+    assert frozen == []
+    clock.now += 0.2
+    watch.check()
+    assert frozen == [pytest.approx(5.1)]
+
+
+def test_the_thread_finds_a_freeze_out_while_runs_are_held() -> None:
+    clock, frozen, held = Clock(), [], [True]
+    watch = freeze.FreezeWatch(5.0, busy=lambda: held[0], on_frozen=frozen.append, clock=clock)
+    with watch.watching():
+        time.sleep(3 * freeze.TICK_SECONDS)  # ticks on time: nothing
+        assert frozen == []
+        clock.now += 60
+        _until(lambda: frozen)
+    assert frozen[0] >= 59
+
+
+def test_an_idle_process_that_was_frozen_goes_on() -> None:
+    clock, frozen = Clock(), []
+    watch = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=frozen.append, clock=clock)
+    with watch.watching():
+        clock.now += 60
+        time.sleep(3 * freeze.TICK_SECONDS)  # the thread saw it, and ticked again
+        watch.check()  # a run claimed since then sends
+    assert frozen == []
+
+
+class CountingSender(RetryingSender):
+    platform = Platform.android
+
+    def __init__(self) -> None:
+        super().__init__(concurrency=4, max_attempts=1)
+        self.posts = 0
+
+    def _build(self, message: PushMessage) -> bytes:
+        return b"{}"
+
+    async def _post(self, message: PushMessage, body: bytes) -> Answer:
+        self.posts += 1
+        await asyncio.sleep(0)
+        return Answer(200, b"{}", None, "credential")
+
+    def _map(self, answer: Answer) -> Verdict:
+        return OK
+
+    def _refresh(self, credential: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_no_message_goes_on_the_wire_once_the_process_was_frozen() -> None:
+    clock = Clock()
+    sender = CountingSender()
+    messages = [PushMessage(n, f"t{n}", "title", "body", {}) for n in range(10)]
+    watch = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=_raise, clock=clock)
+    with watch.watching():
+        assert len(await sender.send_many(messages)) == 10
+        clock.now += 30
+        with pytest.raises(Frozen):
+            await sender.send_many(messages)
+    assert sender.posts == 10
