@@ -4,16 +4,13 @@ the wire; an idle process goes on."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.base import PushMessage
-from campaign_trigger.delivery.mapping import OK, Verdict
-from campaign_trigger.delivery.sending import Answer, RetryingSender
-from campaign_trigger.store.models import Platform
+from unit.delivery.counting_sender import CountingSender
 
 
 class Clock:
@@ -77,34 +74,9 @@ def test_an_idle_process_that_was_frozen_goes_on() -> None:
     assert frozen == []
 
 
-class CountingSender(RetryingSender):
-    platform = Platform.android
-
-    def __init__(self) -> None:
-        super().__init__(concurrency=4, max_attempts=1)
-        self.posts = 0
-
-    def _build(self, message: PushMessage) -> bytes:
-        return b"{}"
-
-    async def _post(self, message: PushMessage, body: bytes) -> Answer:
-        self.posts += 1
-        await asyncio.sleep(0)
-        return Answer(200, b"{}", None, "credential")
-
-    def _map(self, answer: Answer) -> Verdict:
-        return OK
-
-    def _refresh(self, credential: str) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
 async def test_no_message_goes_on_the_wire_once_the_process_was_frozen() -> None:
     clock = Clock()
-    sender = CountingSender()
+    sender = CountingSender(concurrency=4)
     messages = [PushMessage(n, f"t{n}", "title", "body", {}) for n in range(10)]
     watch = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=_raise, clock=clock)
     with watch.watching():

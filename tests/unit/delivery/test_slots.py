@@ -6,40 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from campaign_trigger.delivery.base import PushMessage, PushResult
-from campaign_trigger.delivery.mapping import OK, Verdict
-from campaign_trigger.delivery.sending import Answer, RetryingSender, Slots
-from campaign_trigger.store.models import Platform
-
-
-class CountingSender(RetryingSender):
-    """Answers every message after a few loop turns, counting the sends in flight."""
-
-    platform = Platform.android
-
-    def __init__(self, concurrency: int) -> None:
-        super().__init__(concurrency=concurrency, max_attempts=1)
-        self.in_flight = 0
-        self.most_in_flight = 0
-
-    def _build(self, message: PushMessage) -> bytes:
-        return b"{}"
-
-    async def _post(self, message: PushMessage, body: bytes) -> Answer:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        for _ in range(3):
-            await asyncio.sleep(0)
-        self.in_flight -= 1
-        return Answer(200, b"{}", None, "credential")
-
-    def _map(self, answer: Answer) -> Verdict:
-        return OK
-
-    def _refresh(self, credential: str) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
+from campaign_trigger.delivery.sending import Slots
+from unit.delivery.counting_sender import CountingSender
 
 
 def _messages(prefix: str, count: int) -> list[PushMessage]:
