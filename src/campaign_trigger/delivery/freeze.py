@@ -100,23 +100,25 @@ class FreezeWatch:
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[FreezeWatch]:
-        """The process's watch (:func:`check` asks it) while the block runs."""
-        global _current
+        """The watch runs, and :func:`check` asks it, while the block runs."""
         self._thread.start()
-        outer, _current = _current, self
+        _watches.append(self)
         try:
             yield self
         finally:
-            _current = outer
+            _watches.remove(self)
             self._stop.set()
             self._thread.join()
 
 
-_current: FreezeWatch | None = None
+# The watches running in this process: one per worker, more only where several workers
+# share a process (tests). A freeze stops the whole process, so any one of them sees it;
+# the latest started answers :func:`check`, whichever of the others ends first.
+_watches: list[FreezeWatch] = []
 
 
 def check() -> None:
     """Before a message is sent: exits the process if it was frozen too long (nothing
     outside a worker process, which alone runs a watch)."""
-    if _current is not None:
-        _current.check()
+    if _watches:
+        _watches[-1].check()

@@ -85,3 +85,20 @@ async def test_no_message_goes_on_the_wire_once_the_process_was_frozen() -> None
         with pytest.raises(Frozen):
             await sender.send_many(messages)
     assert sender.posts == 10
+
+
+def test_sends_still_check_a_watch_when_the_first_of_two_in_a_process_ends() -> None:
+    # Two workers in one process (as some tests run them), the first to start ending
+    # first: the second's watch still answers the sends' check.
+    clock, frozen = Clock(), []
+    first = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=frozen.append, clock=clock)
+    second = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=frozen.append, clock=clock)
+    first_running = first.watching()
+    first_running.__enter__()
+    with second.watching():
+        first_running.__exit__(None, None, None)
+        clock.now += 30
+        freeze.check()
+        assert frozen == [pytest.approx(30 - freeze.TICK_SECONDS, abs=0.1)]
+    freeze.check()  # no watch left in the process: nothing asked
+    assert len(frozen) == 1
