@@ -194,9 +194,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
 
     async def _submit_run(self, flow_run: FlowRun) -> None:  # type: ignore[override]
         """A due run Prefect handed out (its slot taken): claim it and execute it."""
-        if not await self._claim_and_start(flow_run):
-            self._release_limit_slot(flow_run.id)
-            self._forget_submission(flow_run.id)
+        await self._claim_and_start(flow_run)
 
     async def take_over(self, flow_run: FlowRun) -> bool:
         """Claim a run Prefect marked dead (Crashed) and execute it, if a slot is free.
@@ -211,13 +209,21 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         except anyio.WouldBlock:
             return False
         self._submitting_flow_run_ids.add(flow_run.id)
-        if await self._claim_and_start(flow_run):
-            return True
-        self._release_limit_slot(flow_run.id)
-        self._forget_submission(flow_run.id)
-        return False
+        return await self._claim_and_start(flow_run)
 
     async def _claim_and_start(self, flow_run: FlowRun) -> bool:
+        """Claim ``flow_run`` (its slot taken) and execute it; its slot is given back
+        unless it started, whatever went wrong."""
+        started = False
+        try:
+            started = await self._claim_and_start_holding_slot(flow_run)
+        finally:
+            if not started:
+                self._release_limit_slot(flow_run.id)
+                self._forget_submission(flow_run.id)
+        return started
+
+    async def _claim_and_start_holding_slot(self, flow_run: FlowRun) -> bool:
         try:
             claimed = await prefect_runs.claim(self.client, flow_run.id, message=self.claim_message)
         except Exception as exc:
@@ -227,7 +233,10 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             logger.debug("run %s claimed by someone else", flow_run.id)
             return False
         if self.queue == "default":  # a request's own run, not a share of its chunks
-            await upkeep.own_run(flow_run, owner=self.name)
+            try:
+                await upkeep.own_run(flow_run, owner=self.name)
+            except Exception as exc:  # a note for operators: the claimed run goes on
+                logger.warning("run %s: its worker not noted on the request: %r", flow_run.id, exc)
         assert self._runs_task_group is not None
         self._runs_task_group.start_soon(self._execute, flow_run)
         return True
