@@ -65,7 +65,6 @@ logger = logging.getLogger("campaign_trigger.deployments.worker")
 IDLE_POLL_FACTOR = {"default": 2, "chunks": 4}
 TICK_JITTER = 1.3  # Prefect's polling loop spaces ticks up to 1.3x poll_seconds apart
 KEEP_READY_SECONDS = 30.0
-RUN_HEARTBEAT_SECONDS = 30  # Prefect's minimum: how a dead worker's runs are noticed
 
 
 def new_worker_name() -> str:
@@ -372,21 +371,19 @@ async def run_worker(
         )
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
-    # Flow-run heartbeats every RUN_HEARTBEAT_SECONDS: how a dead worker is noticed; a
+    # Flow-run heartbeats every freeze.RUN_HEARTBEAT_SECONDS: how a dead worker is noticed; a
     # process frozen long enough for its runs to be taken over exits before it sends
     # again (delivery/freeze.py). One Prefect client for every run (the engine would open
     # one per run: a connection and a CSRF-token call each), one watch for runs suspended
     # in the UI for every run (deployments/suspension.py).
-    frozen_after = freeze.threshold_seconds(
-        dead_after=get_settings().dead_run_after_seconds, heartbeat_seconds=RUN_HEARTBEAT_SECONDS
-    )
+    frozen_after = freeze.worker_threshold_seconds(get_settings().dead_run_after_seconds)
     watch = freeze.FreezeWatch(frozen_after, busy=lambda: any(w.active for w in workers))
     async with AsyncClientContext.get_or_create(), suspension.one_suspension_watch():
         with (
             temporary_settings(
                 {
                     PREFECT_WORKER_QUERY_SECONDS: poll_seconds,
-                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: RUN_HEARTBEAT_SECONDS,
+                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: freeze.RUN_HEARTBEAT_SECONDS,
                 }
             ),
             watch.watching(),
