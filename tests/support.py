@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing, suppress
 from pathlib import Path
 
@@ -121,6 +121,21 @@ class ManagedProcess:
     def thaw(self) -> None:
         os.killpg(self.popen.pid, signal.SIGCONT)
 
+    def freeze_when(self, holds: Callable[[int], bool], *, timeout: float = 5.0) -> None:
+        """:meth:`freeze` at a moment where ``holds(pid)`` is true of the frozen process
+        (tried again and again: frozen, looked at, thawed if not)."""
+        deadline, tries = time.monotonic() + timeout, 0
+        while True:
+            self.freeze()
+            while not _stopped(self.popen.pid):  # every thread: the lock is held or not
+                time.sleep(0.0005)
+            if holds(self.popen.pid):
+                return
+            self.thaw()
+            tries += 1
+            assert time.monotonic() < deadline, f"no such moment in {tries} tries ({timeout} s)"
+            time.sleep(0.001)
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it lingers."""
         if self.popen.poll() is None:
@@ -130,6 +145,32 @@ class ManagedProcess:
     def restart(self) -> None:
         self.stop()
         self.popen = self._spawn()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(FileNotFoundError):  # a thread that just ended
+            stat = (task / "stat").read_text()
+            if stat[stat.rindex(")") + 2] not in "tT":
+                return False
+    return True
+
+
+def holds_sqlite_write_lock(pid: int, database: Path) -> bool:
+    """Whether process ``pid`` holds the write lock of the SQLite database ``database``
+    in WAL mode: a POSIX lock on byte 120 of its ``-shm`` file (``/proc/locks``)."""
+    shm = os.stat(f"{database}-shm")
+    file = f"{os.major(shm.st_dev):02x}:{os.minor(shm.st_dev):02x}:{shm.st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        # "1: POSIX  ADVISORY  WRITE 14700 fe:00:2187880 120 120" ("1: -> ..." waits)
+        fields = line.split()
+        if fields[1:5] == ["POSIX", "ADVISORY", "WRITE", str(pid)] and fields[5:7] == [
+            file,
+            "120",
+        ]:
+            return True
+    return False
 
 
 def prefect_server_argv(port: int) -> list[str]:

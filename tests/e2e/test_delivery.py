@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from prefect import get_client
@@ -22,6 +24,7 @@ from prefect.client.schemas.objects import FlowRun
 from sqlalchemy import func, select
 from sqlmodel import col
 
+from campaign_trigger.config import get_settings
 from campaign_trigger.delivery import freeze
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
@@ -42,7 +45,7 @@ from delivery_support import (
     wait_for_state,
 )
 from e2e.conftest import Sandbox, WorkerFactory
-from support import ManagedProcess, wait_http
+from support import ManagedProcess, holds_sqlite_write_lock, wait_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -221,10 +224,15 @@ async def _taken_over(
     options: tuple[str, ...] = (),
 ) -> None:
     """A new worker started with ``env`` takes the request over (Prefect marks the run dead:
-    no heartbeat) and completes it. Counted at the sandbox: nobody is missing, at most the
+    no heartbeat) and completes it (:func:`_completed_once`)."""
+    start_worker(*options, **env)
+    await _completed_once(sandbox, killed)
+
+
+async def _completed_once(sandbox: Sandbox, killed: Killed) -> None:
+    """The request completes. Counted at the sandbox: nobody is missing, at most the
     messages in flight at the kill went twice, each second copy with the first one's
     collapse id; the report has every user once."""
-    start_worker(*options, **env)
     run = await wait_for_state(killed.request_id, "COMPLETED", "FAILED", timeout=240)
     assert state_name(run) == "COMPLETED", run.state
     counts = sandbox.delivered(killed.tokens)
@@ -262,17 +270,33 @@ async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
     await _taken_over(start_worker, sandbox, killed, env=env)
 
 
+def _in_a_write(worker: ManagedProcess, *, writing: bool) -> None:
+    """Freeze ``worker`` while it holds the database's write lock (``writing``), or
+    while it does not: SQLite has one writer at a time, so a worker frozen while writing
+    makes every other writer (the run that takes its chunk over too) wait until it
+    resumes."""
+    url = get_settings().database_url
+    assert url.startswith("sqlite:///"), url
+    database = Path(url.removeprefix("sqlite:///"))
+    worker.freeze_when(lambda pid: holds_sqlite_write_lock(pid, database) == writing)
+
+
 async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_without_sending(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
 ) -> None:
-    """SIGSTOP in the middle of a chunk: the run is marked dead and a new worker completes
-    it, as after a kill. Then SIGCONT: the frozen worker still holds the run and its chunk
-    in memory, and exits before it sends one more message (delivery/freeze.py) instead
-    of sending the rest of its chunk a second time."""
+    """SIGSTOP in the middle of a chunk, between two writes: the run is marked dead and a
+    new worker completes it, as after a kill. Then SIGCONT: the frozen worker still holds
+    the run and its chunk in memory, and exits before it sends one more message
+    (delivery/freeze.py) instead of sending the rest of its chunk a second time."""
     env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
     frozen = await _killed_mid_chunk(
-        start_worker, sandbox, env=env, chunk_size=5000, kill_at=7_300, halt=ManagedProcess.freeze
+        start_worker,
+        sandbox,
+        env=env,
+        chunk_size=5000,
+        kill_at=7_300,
+        halt=functools.partial(_in_a_write, writing=False),
     )
     assert frozen.chunks == 1, frozen.chunks  # the first chunk complete, the second under way
     await _taken_over(start_worker, sandbox, frozen, env=env)
@@ -281,8 +305,55 @@ async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_withou
     await asyncio.sleep(3.0)  # what it would send goes out at once
     again = len(sandbox.state.deliveries) - sent
     assert again == 0, f"{again} sent after the thaw:\n{frozen.worker.log_tail()}"
-    assert frozen.worker.popen.wait(timeout=10) == freeze.EXIT_CODE, frozen.worker.log_tail()
-    assert "was frozen for" in frozen.worker.log_tail()
+    _exited_as_frozen(frozen.worker)
+
+
+async def test_a_worker_frozen_while_writing_holds_its_takeover_until_it_thaws_and_exits(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+) -> None:
+    """SIGSTOP in the middle of a chunk, while the worker holds SQLite's write lock: the
+    run is marked dead and another worker claims it, but records nothing (its writes
+    wait for the lock) until SIGCONT. Then the frozen worker exits before it sends again,
+    its lock goes with it, and the taker completes the request: nobody missing, at most
+    the messages in flight at the freeze sent twice."""
+    env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
+    frozen = await _killed_mid_chunk(
+        start_worker,
+        sandbox,
+        env=env,
+        chunk_size=5000,
+        kill_at=7_300,
+        halt=functools.partial(_in_a_write, writing=True),
+    )
+    assert frozen.chunks == 1, frozen.chunks
+    start_worker(**env)
+    await _marked_dead(frozen.request_id)
+    await asyncio.sleep(3.0)  # the taker's sweep (every 2 s) claims it; its writes wait
+    assert _recorded(frozen.request_id) == (frozen.chunks, frozen.recorded)
+    frozen.worker.thaw()
+    _exited_as_frozen(frozen.worker)
+    await _completed_once(sandbox, frozen)
+
+
+async def _marked_dead(request_id: str, timeout: float = 120) -> None:
+    """Until Prefect has marked the request's run dead (the state may have moved on
+    since: a taker's claim)."""
+    deadline = time.monotonic() + timeout
+    async with get_client() as client:
+        while time.monotonic() < deadline:
+            run = await read_run(request_id)
+            if run is not None:
+                states = await client.read_flow_run_states(run.id)
+                if any(s.name == prefect_runs.DEAD_RUN_STATE_NAME for s in states):
+                    return
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"the run of {request_id} was never marked dead")
+
+
+def _exited_as_frozen(worker: ManagedProcess) -> None:
+    assert worker.popen.wait(timeout=10) == freeze.EXIT_CODE, worker.log_tail()
+    assert "was frozen for" in worker.log_tail()
 
 
 SHARE_CHUNK_SIZE = 2_500

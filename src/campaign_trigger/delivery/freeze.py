@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_CODE = 75  # EX_TEMPFAIL: start it again
 TICK_SECONDS = 0.5
+RUN_HEARTBEAT_SECONDS = 30  # a worker's runs' heartbeats (Prefect's minimum)
 
 
 def _boot_clock() -> float:
@@ -46,6 +47,12 @@ def threshold_seconds(*, dead_after: float, heartbeat_seconds: float) -> float:
     """Half the shortest freeze that can get a run marked dead: its last heartbeat may
     be up to ``heartbeat_seconds`` old when the process freezes."""
     return max(dead_after - heartbeat_seconds, 2 * TICK_SECONDS) / 2
+
+
+def worker_threshold_seconds(dead_after: float) -> float:
+    """The freeze a worker process exits after, its runs sending heartbeats every
+    :data:`RUN_HEARTBEAT_SECONDS` and marked dead after ``dead_after`` without one."""
+    return threshold_seconds(dead_after=dead_after, heartbeat_seconds=RUN_HEARTBEAT_SECONDS)
 
 
 def _exit(frozen: float) -> None:

@@ -65,7 +65,6 @@ logger = logging.getLogger("campaign_trigger.deployments.worker")
 IDLE_POLL_FACTOR = {"default": 2, "chunks": 4}
 TICK_JITTER = 1.3  # Prefect's polling loop spaces ticks up to 1.3x poll_seconds apart
 KEEP_READY_SECONDS = 30.0
-RUN_HEARTBEAT_SECONDS = 30  # Prefect's minimum: how a dead worker's runs are noticed
 
 
 def new_worker_name() -> str:
@@ -194,9 +193,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
 
     async def _submit_run(self, flow_run: FlowRun) -> None:  # type: ignore[override]
         """A due run Prefect handed out (its slot taken): claim it and execute it."""
-        if not await self._claim_and_start(flow_run):
-            self._release_limit_slot(flow_run.id)
-            self._forget_submission(flow_run.id)
+        await self._claim_and_start(flow_run)
 
     async def take_over(self, flow_run: FlowRun) -> bool:
         """Claim a run Prefect marked dead (Crashed) and execute it, if a slot is free.
@@ -211,13 +208,21 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         except anyio.WouldBlock:
             return False
         self._submitting_flow_run_ids.add(flow_run.id)
-        if await self._claim_and_start(flow_run):
-            return True
-        self._release_limit_slot(flow_run.id)
-        self._forget_submission(flow_run.id)
-        return False
+        return await self._claim_and_start(flow_run)
 
     async def _claim_and_start(self, flow_run: FlowRun) -> bool:
+        """Claim ``flow_run`` (its slot taken) and execute it; its slot is given back
+        unless it started, whatever went wrong."""
+        started = False
+        try:
+            started = await self._claim_and_start_holding_slot(flow_run)
+        finally:
+            if not started:
+                self._release_limit_slot(flow_run.id)
+                self._forget_submission(flow_run.id)
+        return started
+
+    async def _claim_and_start_holding_slot(self, flow_run: FlowRun) -> bool:
         try:
             claimed = await prefect_runs.claim(self.client, flow_run.id, message=self.claim_message)
         except Exception as exc:
@@ -227,7 +232,10 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             logger.debug("run %s claimed by someone else", flow_run.id)
             return False
         if self.queue == "default":  # a request's own run, not a share of its chunks
-            await upkeep.own_run(flow_run, owner=self.name)
+            try:
+                await upkeep.own_run(flow_run, owner=self.name)
+            except Exception as exc:  # a note for operators: the claimed run goes on
+                logger.warning("run %s: its worker not noted on the request: %r", flow_run.id, exc)
         assert self._runs_task_group is not None
         self._runs_task_group.start_soon(self._execute, flow_run)
         return True
@@ -363,21 +371,19 @@ async def run_worker(
         )
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
-    # Flow-run heartbeats every RUN_HEARTBEAT_SECONDS: how a dead worker is noticed; a
+    # Flow-run heartbeats every freeze.RUN_HEARTBEAT_SECONDS: how a dead worker is noticed; a
     # process frozen long enough for its runs to be taken over exits before it sends
     # again (delivery/freeze.py). One Prefect client for every run (the engine would open
     # one per run: a connection and a CSRF-token call each), one watch for runs suspended
     # in the UI for every run (deployments/suspension.py).
-    frozen_after = freeze.threshold_seconds(
-        dead_after=get_settings().dead_run_after_seconds, heartbeat_seconds=RUN_HEARTBEAT_SECONDS
-    )
+    frozen_after = freeze.worker_threshold_seconds(get_settings().dead_run_after_seconds)
     watch = freeze.FreezeWatch(frozen_after, busy=lambda: any(w.active for w in workers))
     async with AsyncClientContext.get_or_create(), suspension.one_suspension_watch():
         with (
             temporary_settings(
                 {
                     PREFECT_WORKER_QUERY_SECONDS: poll_seconds,
-                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: RUN_HEARTBEAT_SECONDS,
+                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: freeze.RUN_HEARTBEAT_SECONDS,
                 }
             ),
             watch.watching(),

@@ -19,6 +19,7 @@ transaction (:func:`record_whole_chunk`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
+from campaign_trigger.config import get_settings
+from campaign_trigger.delivery import freeze
 from campaign_trigger.services.inbox import InboxEntry, publish_inapp
 from campaign_trigger.store.models import DeliveredChunk, Outcome
 
@@ -147,6 +150,28 @@ def _insert_outcomes(session: Session, rows: Sequence[OutcomeRow]) -> None:
 Write = Callable[[Session], object]
 
 
+@functools.cache
+def _idle_limit_ms(dead_after: int) -> int:
+    return int(freeze.worker_threshold_seconds(dead_after) * 1000)
+
+
+def _locks_end_with_a_freeze(session: Session) -> None:
+    """On PostgreSQL, once a transaction's rows are written: the server ends it (and its
+    locks on those rows) if the process freezes before its commit for as long as makes a
+    worker exit as it resumes (``delivery/freeze.py``), so the worker that takes the
+    chunk over waits on them no longer than that, even for a process that never resumes.
+
+    Set after the writes, not before: after an ``executemany`` (psycopg's pipeline) the
+    server does not start the idle timer until the next statement. A process frozen in
+    the middle of writing the rows keeps their locks until it resumes and exits, as on
+    SQLite, where the one write lock is held until then whatever the moment."""
+    if session.get_bind().dialect.name == "postgresql":
+        limit = _idle_limit_ms(get_settings().dead_run_after_seconds)
+        session.connection().exec_driver_sql(
+            f"SET LOCAL idle_in_transaction_session_timeout = {limit}"
+        )
+
+
 def _commit(
     session: Session,
     rows: Sequence[OutcomeRow],
@@ -165,6 +190,7 @@ def _commit(
                 _insert_new(session, _CHUNKS),
                 [{"request_id": chunk[0], "chunk_no": chunk[1], "recorded_at": datetime.now(UTC)}],
             )
+        _locks_end_with_a_freeze(session)
         session.commit()
     except BaseException:
         session.rollback()
@@ -194,6 +220,7 @@ def record_whole_chunk(
             publish_inapp(
                 session=session, rows=inbox, published_at=published_at, ttl_seconds=ttl_seconds
             )
+        _locks_end_with_a_freeze(session)
         session.commit()
     except IntegrityError:
         session.rollback()

@@ -14,8 +14,10 @@ from datetime import UTC, datetime
 
 import pytest
 from prefect import get_client
+from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import StateType
 from prefect.states import Crashed, Running
+from sqlalchemy.exc import OperationalError
 
 from campaign_trigger.deployments import upkeep
 from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
@@ -125,3 +127,43 @@ async def test_the_sweep_asks_for_runs_of_dead_workers_alone(
         still = await client.read_flow_run(failed_run)
     assert still.state is not None
     assert still.state.name == "Crashed"
+
+
+async def test_a_dead_run_taken_over_while_the_database_refuses_a_write_still_runs(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The taker's first write after its claim (the request's ``run_owner``) fails, as it
+    does while a frozen worker holds SQLite's write lock: the claimed run still runs, and
+    its slot is not kept (a run claimed and left would be marked dead again, and the
+    slot it kept would make every later sweep of this worker fail on it)."""
+    tenant = seed_tenant()
+    tag = uuid.uuid4().hex[:6]
+    users = [f"locked-{tag}-{n}" for n in range(2)]
+    add_devices([DeviceSpec(tenant.android, f"d-{u}", u, f"tok-{u}") for u in users])
+    requests = [add_request(tenant, [u], send_at=datetime.now(UTC)) for u in users]
+    await drain()
+    for n, request_id in enumerate(requests):
+        await _left_crashed_by_a_dead_worker(request_id, ghost=f"ghost-{tag}-{n}")
+
+    async def locked(run: object, *, owner: str) -> None:
+        raise OperationalError("UPDATE request", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(upkeep, "own_run", locked)
+    async with DeliveryWorker(concurrency=1) as worker, get_client() as client:
+        assert await upkeep.retake_dead_runs([worker], client) == 1  # one slot
+        first = await wait_for_state(requests[0], "COMPLETED", "FAILED", timeout=60)
+        assert state_name(first) == "COMPLETED", first.state
+        # The slot is free again once the run ended: the other dead run is taken.
+        await _until_taken(worker, client)
+        second = await wait_for_state(requests[1], "COMPLETED", "FAILED", timeout=60)
+        assert state_name(second) == "COMPLETED", second.state
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(f"tok-{u}") for u in users] == [1, 1]
+
+
+async def _until_taken(worker: DeliveryWorker, client: PrefectClient) -> None:
+    for _ in range(100):
+        if await upkeep.retake_dead_runs([worker], client):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the second dead run was never taken over")

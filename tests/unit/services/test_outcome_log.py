@@ -4,17 +4,20 @@ SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.services import outcome_log
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.files import Storage
 from campaign_trigger.store.migrate import upgrade
 from campaign_trigger.store.models import Channel, Outcome
@@ -132,3 +135,37 @@ def test_a_chunk_looks_up_its_own_rows_of_the_log_not_the_whole_request(
         assert "request_id =" in conditions, plan
         assert "app_id =" in conditions, plan
         assert "row_no >=" in conditions, plan
+
+
+@pytest.mark.parametrize("database", ["postgresql"], indirect=True)
+def test_on_postgresql_the_rows_of_a_writer_frozen_before_its_commit_are_freed(
+    session: Session, settings: Settings, storage: Storage, org: Org, database: str
+) -> None:
+    """A worker frozen between a batch's rows and its commit holds their locks; the worker
+    that takes the chunk over writes the same rows and waits on them. The server ends the
+    frozen transaction once it has been idle for the freeze a worker exits after (5 s with
+    the tests' CT_DEAD_RUN_AFTER_SECONDS): the taker's write goes through, the frozen
+    one's commit fails, and each row is stored once."""
+    request_id = _request(session, settings, storage, org)
+    moment = datetime(2026, 11, 27, tzinfo=UTC)
+    rows: list[outcome_log.OutcomeRow] = [
+        (request_id, n, org.app_id, f"u{n}", f"d{n}", "push", moment, "") for n in range(50)
+    ]
+    outcome_log._insert_outcomes(session, rows)
+    outcome_log._locks_end_with_a_freeze(session)  # ... and frozen before the commit
+
+    def take_over() -> None:
+        with Session(engine_for(database)) as taker:
+            recorder = outcome_log.OutcomeRecorder(session=taker, request_id=request_id, chunk_no=0)
+            asyncio.run(recorder.record_all(rows))
+
+    taker = threading.Thread(target=take_over, daemon=True)
+    taker.start()
+    taker.join(timeout=60)
+    assert not taker.is_alive(), "the taker still waits on the frozen writer's rows"
+    with pytest.raises(DBAPIError, match="idle-in-transaction"):  # ended by the server
+        session.commit()
+    session.rollback()
+    with Session(engine_for(database)) as reader:
+        stored = reader.exec(select(Outcome).where(Outcome.request_id == request_id)).all()
+    assert sorted(o.row_no for o in stored) == list(range(50))
