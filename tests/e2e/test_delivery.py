@@ -281,6 +281,25 @@ def _in_a_write(worker: ManagedProcess, *, writing: bool) -> None:
     worker.freeze_when(lambda pid: holds_sqlite_write_lock(pid, database) == writing)
 
 
+FREEZE_ENV = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
+
+
+async def _frozen_mid_chunk(
+    start_worker: WorkerFactory, sandbox: Sandbox, *, writing: bool
+) -> Killed:
+    """A worker frozen in its request's second chunk, holding the write lock or not."""
+    frozen = await _killed_mid_chunk(
+        start_worker,
+        sandbox,
+        env=FREEZE_ENV,
+        chunk_size=5000,
+        kill_at=7_300,
+        halt=functools.partial(_in_a_write, writing=writing),
+    )
+    assert frozen.chunks == 1, frozen.chunks  # the first chunk complete, the second under way
+    return frozen
+
+
 async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_without_sending(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
@@ -289,17 +308,8 @@ async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_withou
     new worker completes it, as after a kill. Then SIGCONT: the frozen worker still holds
     the run and its chunk in memory, and exits before it sends one more message
     (delivery/freeze.py) instead of sending the rest of its chunk a second time."""
-    env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
-    frozen = await _killed_mid_chunk(
-        start_worker,
-        sandbox,
-        env=env,
-        chunk_size=5000,
-        kill_at=7_300,
-        halt=functools.partial(_in_a_write, writing=False),
-    )
-    assert frozen.chunks == 1, frozen.chunks  # the first chunk complete, the second under way
-    await _taken_over(start_worker, sandbox, frozen, env=env)
+    frozen = await _frozen_mid_chunk(start_worker, sandbox, writing=False)
+    await _taken_over(start_worker, sandbox, frozen, env=FREEZE_ENV)
     sent = len(sandbox.state.deliveries)
     frozen.worker.thaw()
     await asyncio.sleep(3.0)  # what it would send goes out at once
@@ -317,17 +327,8 @@ async def test_a_worker_frozen_while_writing_holds_its_takeover_until_it_thaws_a
     wait for the lock) until SIGCONT. Then the frozen worker exits before it sends again,
     its lock goes with it, and the taker completes the request: nobody missing, at most
     the messages in flight at the freeze sent twice."""
-    env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
-    frozen = await _killed_mid_chunk(
-        start_worker,
-        sandbox,
-        env=env,
-        chunk_size=5000,
-        kill_at=7_300,
-        halt=functools.partial(_in_a_write, writing=True),
-    )
-    assert frozen.chunks == 1, frozen.chunks
-    start_worker(**env)
+    frozen = await _frozen_mid_chunk(start_worker, sandbox, writing=True)
+    start_worker(**FREEZE_ENV)
     await _marked_dead(frozen.request_id)
     await asyncio.sleep(3.0)  # the taker's sweep (every 2 s) claims it; its writes wait
     assert _recorded(frozen.request_id) == (frozen.chunks, frozen.recorded)
