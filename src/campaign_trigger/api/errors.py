@@ -2,7 +2,9 @@
 
 Domain errors (:mod:`campaign_trigger.errors`) carry their status; FastAPI's
 validation errors become 400s (documented as such: the 422 entries are removed from
-the OpenAPI page); unknown routes and wrong methods keep their 404/405.
+the OpenAPI page); unknown routes and wrong methods keep their 404/405; the scheduler
+or the database out of reach (or the database busy past its timeout) a 503 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from campaign_trigger.api.observability import note_refusal, reason_of
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 SCHEDULER_DOWN = "The scheduler (Prefect) cannot be reached right now; please retry"
+DATABASE_DOWN = "The database cannot be reached or is busy right now; please retry"
 
 _HTTP_MESSAGES = {
     404: "Not found",
@@ -88,6 +92,14 @@ def install_error_handlers(app: FastAPI) -> None:
         note_refusal(request, "scheduler_unavailable")
         log.warning("Prefect unreachable: %r", exc)
         return error_response(503, SCHEDULER_DOWN, {"Retry-After": "5"})
+
+    @app.exception_handler(OperationalError)
+    async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
+        # Unreachable, or busy past its timeout (SQLite's write lock held by a frozen
+        # worker, docs/architecture.md): the caller's retry is the answer, not a 500.
+        note_refusal(request, "database_unavailable")
+        log.warning("database unavailable: %r", exc.orig)
+        return error_response(503, DATABASE_DOWN, {"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

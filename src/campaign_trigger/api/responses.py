@@ -14,7 +14,8 @@ _DESCRIPTIONS = {
     409: "Idempotency-Key reused with a different body",
     413: "Upload or body over the size limit",
     429: "The organisation's API Trigger request quota is spent (see Retry-After)",
-    503: "The scheduler (Prefect) cannot be reached; retry later",
+    503: "The scheduler (Prefect) or the database cannot be reached, or the database is "
+    "busy; retry later (see Retry-After)",
 }
 
 QUOTA_HEADERS: dict[str, Any] = {

@@ -1,7 +1,8 @@
 """``GET /health`` names each dependency: a provider nobody can reach (a sandbox that was
 never started) makes the stack ``degraded`` with the URL and the reason, not a silent
 column of ``FPErrPushFailed`` in the reports; a part the service needs (the database, the
-storage, Prefect) that is down makes the real server answer 503 naming it."""
+storage, Prefect) that is down makes the real server answer 503 naming it, and a route that
+needs the database down answers 503 with Retry-After, not 500."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from api_tenants import Tenant, start_api_server
 
 from campaign_trigger.api.app import create_app
+from campaign_trigger.api.errors import DATABASE_DOWN
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox import running_sandbox
 from support import ManagedProcess, free_port
@@ -131,5 +133,11 @@ def test_a_part_down_makes_the_real_server_answer_503_naming_it(
             assert httpx.get(f"{server.url}/health").json()["storage"] == "ok"
             shutil.rmtree(tmp_path / "storage")
         assert_down(httpx.get(f"{server.url}/health", timeout=30), part)
+        if part == "database":  # every route that needs it answers 503, not 500
+            login = {"user": {"email": "someone@example.com", "password": "a password"}}
+            answer = httpx.post(f"{server.url}/users/sign_in", json=login, timeout=30)
+            assert answer.status_code == 503, answer.text
+            assert answer.json() == {"error_message": DATABASE_DOWN}
+            assert answer.headers["Retry-After"] == "5"
     finally:
         server.process.stop()
