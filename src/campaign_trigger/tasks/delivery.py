@@ -12,11 +12,12 @@ loop. Logs carry counts, never personal data.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
+from prefect.tasks import TaskRunNameCallbackWithParameters
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.errors import CampaignTriggerError
@@ -116,7 +117,21 @@ async def recorded_chunk_count(request_id: str) -> int:
     return await asyncio.to_thread(read)
 
 
-@task(name="deliver chunk", cache_policy=NO_CACHE, persist_result=False, **RETRIES)
+def _chunk_run_name(parameters: dict[str, Any]) -> str:
+    """``deliver chunk 3/40``: the chunk's place in its request (a task made once, not a
+    copy per chunk by ``with_options``, which hashes the function's source each time)."""
+    plan: DeliveryPlan = parameters["plan"]
+    return f"deliver chunk {parameters['chunk_no'] + 1}/{plan.chunk_count}"
+
+
+@task(
+    name="deliver chunk",
+    # Prefect's type for it also asks for its own classmethod: a plain function is cast.
+    task_run_name=cast(TaskRunNameCallbackWithParameters, _chunk_run_name),
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    **RETRIES,
+)
 async def deliver_chunk(plan: DeliveryPlan, chunk_no: int) -> delivering.ChunkResult:
     """Render, send and record one chunk, exactly once."""
     settings = get_settings()
