@@ -19,7 +19,8 @@ users (one Android device each, FCM answered by a bare nginx responder):
 
 Overhead per chunk = (flow chunk phase - reference chunk phase) / chunks, printed as a
 share of the reference's chunk time (target: at most 5 %). Rounds alternate which of the
-two runs first: each round's 400,000 outcome rows slow the next phase a little.
+two runs first, so that a drift within a round (the machine's speed, the database growing
+by 400,000 outcome rows a round) favours neither.
 Each round also says where the flow path's time went, from its task runs: how long after
 ``prepare delivery`` the first chunk started, how long no chunk ran between the first and
 the last, and the chunk task runs' median time against the reference's median chunk; and
@@ -215,9 +216,8 @@ def main() -> None:
         try:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             for n, reference in enumerate(references):
-                # Every round slows the next (each adds 400,000 outcome rows to the
-                # database): the phase run second would pay that drift if it were
-                # always the flow path's.
+                # Whatever drifts within a round (the machine's speed, the database's
+                # size) would always fall on the phase run second: alternate it.
                 flow_first = n % 2 == 1
                 if flow_first:
                     request_id, server_flow = flow_round(audience, content, server)
