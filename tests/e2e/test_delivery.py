@@ -287,7 +287,7 @@ FREEZE_ENV = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
 async def _frozen_mid_chunk(
     start_worker: WorkerFactory, sandbox: Sandbox, *, writing: bool
 ) -> Killed:
-    """A worker frozen in its request's second chunk, holding the write lock or not."""
+    """A worker frozen in its request's second or third chunk, holding the write lock or not."""
     frozen = await _killed_mid_chunk(
         start_worker,
         sandbox,
@@ -296,7 +296,9 @@ async def _frozen_mid_chunk(
         kill_at=7_300,
         halt=functools.partial(_in_a_write, writing=writing),
     )
-    assert frozen.chunks == 1, frozen.chunks  # the first chunk complete, the second under way
+    # A chunk complete and a later one under way (of four): freezing only while the lock
+    # is held (or not) may take retries that carry it from the second chunk into the third.
+    assert 1 <= frozen.chunks <= 2, frozen.chunks
     return frozen
 
 
