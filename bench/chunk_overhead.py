@@ -28,7 +28,13 @@ the worker process's CPU per chunk from the first chunk's start to the last's en
 against this process's during the reference (less noisy than the times: what the flow
 path costs the worker, whatever the machine's speed of the moment).
 
-Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3]``;
+``--control`` also runs, in each round, the reference a second time in a second process
+of its own (started once, like the worker, and claiming its requests before the worker
+runs), between the other two phases: two identical references in two processes, whose
+difference is the run's own resolution (nothing differs between them but their
+processes and the moment each ran).
+
+Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3] [--control]``;
 ``--chunks 40`` measures the fan-out path (4 shares of 10; with the worker's one chunk
 slot the request's run delivers the first three itself and offers the last, which the
 worker claims as a share run while the request's own last chunk is sent).
@@ -40,6 +46,8 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -179,6 +187,55 @@ async def flow_phase(request_id: str) -> Phase:
     )
 
 
+class Control:
+    """A second reference process (``--control``): it claims ``request_ids`` at its start
+    and delivers the next one's chunks as :func:`reference_phase` does at each
+    :meth:`phase`."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        from campaign_trigger.stack import die_with_parent
+
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--serve-reference", *request_ids],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
+        assert self._line() == "ready", "the control process did not start"
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the control process ended ({self.process.wait()})")
+        return line.strip()
+
+    def phase(self) -> float:
+        """The next request's chunk phase in the control process, in seconds."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        return float(self._line())
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def serve_reference(request_ids: list[str]) -> None:
+    """The control process: claim every request, say ``ready``, then deliver one request's
+    chunks per line read and print the phase's seconds."""
+    from campaign_trigger.deployments.worker import settle_collector
+
+    settle_collector()
+    plans = [claim(request_id) for request_id in request_ids]
+    print("ready", flush=True)
+    for plan, _ in zip(plans, sys.stdin, strict=False):
+        print(asyncio.run(reference_phase(plan)).seconds, flush=True)
+
+
 def flow_round(audience: Audience, content: bytes, server: psutil.Process) -> tuple[str, float]:
     """A request delivered by the worker; its id and the Prefect server's CPU meanwhile."""
     request_id = create_csv_request(audience, content)
@@ -192,7 +249,12 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chunk-concurrency", type=int, default=1)
+    parser.add_argument("--control", action="store_true")
+    parser.add_argument("--serve-reference", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_reference is not None:
+        serve_reference(args.serve_reference)
+        return
     users = args.chunks * 5000
     overheads: list[float] = []
     with nginx_responder() as responder, private_stack() as home:
@@ -208,6 +270,12 @@ def main() -> None:
         # The reference requests are claimed before any worker runs, so no worker ever
         # makes them a flow run.
         references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds)]
+        control = (
+            Control([create_csv_request(audience, content) for _ in range(args.rounds)])
+            if args.control
+            else None
+        )
+        controls: list[float] = []  # the control's phase against the reference's, - 1
         reference_times: list[float] = []
         flow_times: list[float] = []
         server = psutil.Process(int(os.environ[PREFECT_PID]))  # the stack's, shared or not
@@ -221,10 +289,16 @@ def main() -> None:
                 flow_first = n % 2 == 1
                 if flow_first:
                     request_id, server_flow = flow_round(audience, content, server)
+                # The control runs between the other two: next to the reference in time,
+                # before it in one round and after it in the next.
+                control_phase = control.phase() if control and flow_first else None
                 before, mine = cpu_seconds(server), cpu_seconds(this)
-                ref_phase = asyncio.run(reference_phase(reference))
+                with worker.unsampled():  # its sampler would run beside the reference
+                    ref_phase = asyncio.run(reference_phase(reference))
                 server_ref = cpu_seconds(server) - before
                 ref_cpu = cpu_seconds(this) - mine
+                if control and not flow_first:
+                    control_phase = control.phase()
                 if not flow_first:
                     request_id, server_flow = flow_round(audience, content, server)
                 flow_phase_ = asyncio.run(flow_phase(request_id))
@@ -252,10 +326,26 @@ def main() -> None:
                     f"the last (the reference's process {ref_cpu / args.chunks * 1000:.0f} "
                     "ms/chunk)"
                 )
+                if control_phase is not None:
+                    controls.append(control_phase / ref - 1)
+                    print(
+                        f"  control: a second reference process "
+                        f"{control_phase / args.chunks * 1000:.0f} ms/chunk "
+                        f"({controls[-1]:+.1%} against the reference)"
+                    )
         finally:
             worker.stop()
+            if control:
+                control.stop()
     median = statistics.median(overheads)
     ref_chunk = statistics.median(reference_times) / args.chunks
+    resolution = ""
+    if controls:
+        resolution = (
+            f"two reference processes differed by {statistics.median(controls):+.1%} in the "
+            f"median, {min(controls):+.1%} to {max(controls):+.1%} in single rounds"
+        )
+        print(f"control: {resolution}")
     result(
         "chunk_overhead",
         f"chunk time through a worker's flow run, {args.chunks} chunks of 5,000, "
@@ -265,6 +355,7 @@ def main() -> None:
         ratio=1 + median,  # the median of the rounds' ratios
         target=f"<= {1 + TARGET:.2f}x (overhead <= {TARGET:.0%} of the chunk)",
         met=median <= TARGET,
+        why=resolution,
     )
 
 

@@ -6,6 +6,7 @@ between two moments from its samples."""
 from __future__ import annotations
 
 import http.server
+import subprocess
 import sys
 import threading
 import time
@@ -182,3 +183,21 @@ def test_a_workers_cpu_between_two_times_is_read_from_its_samples_inside_them() 
     # the samples inside, 1 s apart, scaled to the 2 s asked for
     assert worker.cpu_seconds_between(100.5, 102.5) == pytest.approx(2.0)
     assert worker.cpu_seconds_between(100.0, 103.0) == pytest.approx(1.5)
+
+
+def test_a_worker_is_not_sampled_while_this_process_times_something() -> None:
+    worker = Worker.__new__(Worker)  # its sampler only, of a process that sleeps
+    worker.process = subprocess.Popen(["sleep", "30"])
+    try:
+        worker._start_sampler()
+        time.sleep(0.2)
+        assert worker._cpu, "the sampler took no sample"
+        with worker.unsampled():
+            time.sleep(0.05)  # a sample under way when it was paused ends meanwhile
+            paused = len(worker._cpu)
+            time.sleep(0.3)
+            assert len(worker._cpu) == paused
+        time.sleep(0.2)
+        assert len(worker._cpu) > paused
+    finally:
+        worker.stop()
