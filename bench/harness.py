@@ -446,25 +446,32 @@ class Worker:
         self._stop = threading.Event()
         self._sampling = threading.Event()
         self._sampling.set()
+        self._sample_lock = threading.Lock()  # held while a sample is taken
         threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self) -> None:
         process = psutil.Process(self.process.pid)
         while not self._stop.is_set():
             self._sampling.wait()
-            try:
-                self.peak_rss = max(self.peak_rss, process.memory_info().rss)
-                times = process.cpu_times()
-            except psutil.Error:
-                return
-            self._cpu.append((time.time(), times.user + times.system))
+            with self._sample_lock:
+                if not self._sampling.is_set():
+                    continue  # paused between the wait and the lock
+                try:
+                    self.peak_rss = max(self.peak_rss, process.memory_info().rss)
+                    times = process.cpu_times()
+                except psutil.Error:
+                    return
+                self._cpu.append((time.time(), times.user + times.system))
             time.sleep(0.02)
 
     @contextmanager
     def unsampled(self) -> Iterator[None]:
         """No sampling meanwhile: the sampler's thread (psutil every 20 ms, ~2 % of a core
-        and the GIL taken 50 times a second) would slow whatever this process times."""
+        and the GIL taken 50 times a second) would slow whatever this process times.
+        A sample under way when it is called ends before it returns."""
         self._sampling.clear()
+        with self._sample_lock:
+            pass
         try:
             yield
         finally:
