@@ -1,6 +1,8 @@
 """Scale-out, end to end on PostgreSQL (the service's database and Prefect's): two worker
 processes share a 200 k-recipient request; then one is SIGKILLed mid-request (the one
-running the request's own run, while chunks are in flight) and the other finishes it.
+running the request's own run, while chunks are in flight) and the other finishes it
+(a request of 100 k: two shares, one the killed worker's own, are enough for that, and
+halve the phase's time).
 
 Counted at the sandbox: every device got its message, none twice in the calm run, and
 at most the sends in flight at the kill twice (the second copy with the first's collapse
@@ -48,6 +50,7 @@ from support import ManagedProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 USERS = 200_000
+KILLED_USERS = 100_000  # the request of the kill: 20 chunks, two shares
 CONCURRENCY = 100  # sends in flight per app and worker process
 
 
@@ -153,6 +156,7 @@ async def test_two_workers_share_a_large_request_and_one_finishes_what_a_killed_
     )
 
     # 2. Kill the worker running the request's own run, mid-chunk, at full speed.
+    users, tokens = users[:KILLED_USERS], tokens[:KILLED_USERS]
     before = sandbox.delivered(tokens)
     request_id = _request(tenant, users)
     deadline = time.monotonic() + 300
@@ -167,7 +171,7 @@ async def test_two_workers_share_a_large_request_and_one_finishes_what_a_killed_
     # Crashed is a passing state here: the survivor takes the crashed run over.
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=600)
     assert state_name(run) == "COMPLETED", run.state
-    assert len(read_report(request_id)[tenant.android]) == USERS
+    assert len(read_report(request_id)[tenant.android]) == KILLED_USERS
     counts = _counts(sandbox, tokens, before)
     assert [t for t, n in counts.items() if n == 0] == []  # nobody missing
     doubled = {t: n for t, n in counts.items() if n > 1}
