@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml requirements.lock
 up: $(STAMP)
 	$(BIN)/campaign-trigger up
 
+# The test files side by side, one process per core (at most 4), each with its own
+# Prefect server, database and sandbox; a file's tests stay together in one process.
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow and not e2e"

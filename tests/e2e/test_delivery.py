@@ -453,10 +453,11 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
     run on its last own chunk hands its slot on), waits for the worker's only chunk slot;
     a new worker takes both over. Counted as above.
 
-    The sandbox answers each message after 60 ms, so a chunk takes about 1.5 s: at full
+    The sandbox answers each message after 120 ms, so a chunk takes about 3 s: at full
     speed a chunk took 0.4 s on a fast machine, and the moment (the share Running, the
     chunk under way not 3/4 sent) lasted some 70 ms, less than the test needs to see
-    it."""
+    it; at 60 ms, on a slow machine running two test files at once, the share took 1 s
+    to start and the moment lasted 0.4 s, missed."""
     env = {
         "CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY),
         "CT_CHUNKS_PER_RUN": "1",
@@ -471,7 +472,7 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
         chunk_size=SHARE_CHUNK_SIZE,
         kill_at=SHARE_CHUNK_SIZE + SHARE_CHUNK_SIZE // 4,
         until=_claimed_ahead,
-        latency_ms=60,
+        latency_ms=120,
     )
     assert killed.recorded > killed.chunks * SHARE_CHUNK_SIZE  # a chunk under way
     # the worker alone: the request's run sent every share but the one offered, which

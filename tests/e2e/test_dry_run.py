@@ -82,10 +82,26 @@ def csv_text(rows: list[tuple[str, str, str]], header: str = "User,first_name,or
 
 
 def stored_files() -> set[str]:
-    """Every file in storage and in the previews' scratch folder."""
+    """Every file in storage and in the previews' scratch folder but those of requests:
+    a preview makes no request (``request_count``), and runs an earlier test left in
+    this process may write their reports or remove their files meanwhile."""
     settings = get_settings()
-    roots = [Path(settings.storage_url), settings.home / PREVIEWS_DIR]
-    return {str(p) for root in roots if root.is_dir() for p in root.rglob("*") if p.is_file()}
+    storage = Path(settings.storage_url)
+    files = {
+        p: p.relative_to(storage).parts if p.is_relative_to(storage) else ()
+        for root in (storage, settings.home / PREVIEWS_DIR)
+        if root.is_dir()
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+    owner = {  # uploads/<id>.csv, messages/<id>.arrow, reports/<id>/<app>.csv
+        p: parts[1].split(".")[0]
+        for p, parts in files.items()
+        if len(parts) >= 2 and parts[0] in ("uploads", "messages", "reports")
+    }
+    with session_scope() as session:
+        requests_ = set(session.exec(select(Request.id).where(col(Request.id).in_(owner.values()))))
+    return {str(p) for p in files if owner.get(p) not in requests_}
 
 
 def request_count(campaign_id: str) -> int:

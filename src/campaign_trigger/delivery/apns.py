@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
-from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.auth import ApnsProviderTokens
 from campaign_trigger.delivery.base import PushMessage, PushOptions, PushResult
 from campaign_trigger.delivery.credentials import ApnsCredentials
@@ -328,7 +327,6 @@ class _CurlBatch:
             self._settle(index, provider._failed(message, provider._auth_reason))
             return
         apns_id = provider._new_apns_id()
-        freeze.check()  # as before any send (RetryingSender._send_one)
         try:
             token = provider.tokens.get()
             path, lines = provider._curl_request(message, apns_id, token)

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import pycurl
 
+from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.sending import TransportError
 
 _TIMED_OUT = 28  # CURLE_OPERATION_TIMEDOUT
@@ -130,6 +131,8 @@ class CurlPool:
             self._timer = None
         if self._closed:
             return
+        if self._active:  # libcurl may write a request now: not after a freeze too long
+            freeze.check()
         self._multi.socket_action(fd, events)
         while True:
             queued, done, failed = self._multi.info_read()

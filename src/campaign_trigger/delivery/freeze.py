@@ -10,9 +10,11 @@ chunks after it beside the worker that took them over, each of those messages tw
 :class:`FreezeWatch` is the fence. A thread notes the time every ``TICK_SECONDS``. A
 freeze of ``threshold`` seconds or more (half the shortest freeze that can get a run
 marked dead) is found out by whichever runs first once the process resumes: the thread,
-waking that much later than it meant to, or a send (:func:`check`, called before each
-message goes on the wire), finding the last tick that old. Either way the process exits
-at once (:data:`EXIT_CODE`), before another message is sent; its supervisor
+waking that much later than it meant to, or a transport about to write (:func:`check`,
+called by each of them right before its bytes go to the socket: after every await a send
+makes, a token's or a new connection's, so a send frozen in one of them is stopped
+too), finding the last tick that old. Either way the process exits at once
+(:data:`EXIT_CODE`), before another message is sent; its supervisor
 (``campaign-trigger up``, systemd, Kubernetes) starts it again, and its runs are taken
 over as a killed worker's are: at most the messages in flight when it froze go twice.
 An idle process (no run) that was frozen goes on. The check costs a send ~0.15 µs.
@@ -89,7 +91,7 @@ class FreezeWatch:
         self._thread = threading.Thread(target=self._watch, name="freeze-watch", daemon=True)
 
     def check(self) -> None:
-        """Before a send: the process must not have been frozen since the last tick."""
+        """Before a write: the process must not have been frozen since the last tick."""
         age = self._clock() - self._tick
         if age >= self._stale:
             self._on_frozen(age - TICK_SECONDS)
@@ -125,7 +127,7 @@ _watches: list[FreezeWatch] = []
 
 
 def check() -> None:
-    """Before a message is sent: exits the process if it was frozen too long (nothing
+    """Before a transport writes: exits the process if it was frozen too long (nothing
     outside a worker process, which alone runs a watch)."""
     if _watches:
         _watches[-1].check()

@@ -27,6 +27,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.hpack_plain import PlainEncoder
 from campaign_trigger.delivery.sandbox_tls import client_context
 from campaign_trigger.delivery.sending import NotProcessed, TransportError
@@ -197,6 +198,8 @@ class _Connection(asyncio.Protocol):
         self._flush_scheduled = False
         data = self.h2.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
+            if self.streams:  # requests among it: not after a freeze too long
+                freeze.check()
             self.transport.write(data)
         if not self.usable and not self.streams and self.transport is not None:
             self.transport.close()

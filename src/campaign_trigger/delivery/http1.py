@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.sandbox_tls import client_context
 from campaign_trigger.delivery.sending import TransportError
 
@@ -87,6 +88,7 @@ class _Connection(asyncio.Protocol):
         """Write a complete request; the future resolves with its response."""
         if self.transport is None or not self.reusable:
             raise TransportError("connection closed")
+        freeze.check()  # a worker frozen long enough to lose its runs stops here
         loop = asyncio.get_running_loop()
         self._future = future = loop.create_future()
         self._timer = loop.call_later(timeout, self._time_out)

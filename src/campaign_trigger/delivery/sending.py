@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from campaign_trigger import metrics
-from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.auth import AuthRefused, AuthUnavailable
 from campaign_trigger.delivery.base import (
     FP_ERR_JSON_MARSHALLING,
@@ -258,7 +257,6 @@ class RetryingSender(ABC):
             retry_after: str | None = None
             try:
                 if first is None:
-                    freeze.check()  # a worker frozen long enough to lose its run stops here
                     started = time.perf_counter()
                     answer = await self._post(message, body)
                     self._latency.observe(time.perf_counter() - started)

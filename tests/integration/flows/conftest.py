@@ -4,7 +4,6 @@ the sandbox providers in a thread, and an in-process worker per test."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -18,24 +17,31 @@ from support import ManagedProcess, free_port
 @pytest.fixture(scope="session")
 def sandbox_session() -> Iterator[tuple[str, SandboxState]]:
     port = free_port()
-    os.environ["CT_SANDBOX_PORT"] = str(port)
-    # Apps given credentials of their own send with them to the sandbox, not to Google/Apple.
-    os.environ["CT_SEND_TO_SANDBOX"] = "true"
-    get_settings.cache_clear()
     with running_sandbox(port=port) as state:
         yield f"http://127.0.0.1:{port}", state
-    os.environ.pop("CT_SANDBOX_PORT", None)
-    os.environ.pop("CT_SEND_TO_SANDBOX", None)
+
+
+@pytest.fixture
+def sandbox_env(
+    sandbox_session: tuple[str, SandboxState], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """The environment names this suite's sandbox for the test, not for the session:
+    another suite's session sandbox (the e2e one) may share the process."""
+    monkeypatch.setenv("CT_SANDBOX_PORT", sandbox_session[0].rsplit(":", 1)[1])
+    # Apps given credentials of their own send with them to the sandbox, not to Google/Apple.
+    monkeypatch.setenv("CT_SEND_TO_SANDBOX", "true")
+    get_settings.cache_clear()
+    yield
     get_settings.cache_clear()
 
 
 @pytest.fixture
-def sandbox_url(sandbox_session: tuple[str, SandboxState]) -> str:
+def sandbox_url(sandbox_session: tuple[str, SandboxState], sandbox_env: None) -> str:
     return sandbox_session[0]
 
 
 @pytest.fixture
-def sandbox_state(sandbox_session: tuple[str, SandboxState]) -> SandboxState:
+def sandbox_state(sandbox_session: tuple[str, SandboxState], sandbox_env: None) -> SandboxState:
     """The sandbox's memory and settings (the latency of its answers)."""
     return sandbox_session[1]
 

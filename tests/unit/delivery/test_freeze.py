@@ -1,6 +1,6 @@
 """A worker process frozen long enough to lose its runs stops before it sends again:
-the watch's thread finds the freeze out when it wakes, a send when it is about to go on
-the wire; an idle process goes on."""
+the watch's thread finds the freeze out when it wakes, a send when its transport is about
+to write (``integration/delivery/test_freeze_transports.py``); an idle process goes on."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import time
 import pytest
 
 from campaign_trigger.delivery import freeze
-from campaign_trigger.delivery.base import PushMessage
-from unit.delivery.counting_sender import CountingSender
 
 
 class Clock:
@@ -72,19 +70,6 @@ def test_an_idle_process_that_was_frozen_goes_on() -> None:
         time.sleep(3 * freeze.TICK_SECONDS)  # the thread saw it, and ticked again
         watch.check()  # a run claimed since then sends
     assert frozen == []
-
-
-async def test_no_message_goes_on_the_wire_once_the_process_was_frozen() -> None:
-    clock = Clock()
-    sender = CountingSender(concurrency=4)
-    messages = [PushMessage(n, f"t{n}", "title", "body", {}) for n in range(10)]
-    watch = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=_raise, clock=clock)
-    with watch.watching():
-        assert len(await sender.send_many(messages)) == 10
-        clock.now += 30
-        with pytest.raises(Frozen):
-            await sender.send_many(messages)
-    assert sender.posts == 10
 
 
 def test_sends_still_check_a_watch_when_the_first_of_two_in_a_process_ends() -> None:

@@ -28,7 +28,8 @@ def session(database: str) -> Iterator[Session]:
         yield session
 
 
-# Set for the whole session by the e2e and flow suites' sandboxes: not these tests' business.
+# Set for the whole session by the e2e suite's sandbox (for a test by the flow suite's): not
+# these tests' business.
 SANDBOX_ENV = ("CT_SANDBOX_PORT", "CT_SANDBOX_TLS_PORT", "CT_SEND_TO_SANDBOX")
 
 

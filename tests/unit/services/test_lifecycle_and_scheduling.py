@@ -138,11 +138,13 @@ def test_the_outbox_drains_in_send_order_once(
     sooner = _request(session, settings, storage, org, hours=1)
     prefect_runs.forget_deployment_id()
     fake = FakePrefect()
-    created = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
+    try:
+        created = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
+        again = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
+    finally:
+        prefect_runs.forget_deployment_id()  # the fake's id, cached under the real URL
     assert created == 2
     assert [body["name"] for body in fake.bodies] == [sooner, later]
     assert all(body["idempotency_key"] == body["name"] for body in fake.bodies)
     assert all(session.get(Request, r).flow_run_id for r in (sooner, later))  # type: ignore[union-attr]
-    again = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
     assert again == 0
-    prefect_runs.forget_deployment_id()
