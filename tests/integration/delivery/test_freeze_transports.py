@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import httpx
 import pytest
-from push_helpers import message
+from push_helpers import FakeClock, message
 
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery import freeze
@@ -23,22 +23,14 @@ from campaign_trigger.delivery.fcm import FcmProvider
 from campaign_trigger.delivery.sending import RetryingSender
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Frozen(Exception):
     """Raised by the watch's ``on_frozen`` in place of the process's exit."""
 
 
 @contextlib.contextmanager
-def watched() -> Iterator[tuple[Clock, list[float]]]:
+def watched() -> Iterator[tuple[FakeClock, list[float]]]:
     """A running watch on a clock the test moves; what it found, in place of an exit."""
-    clock, found = Clock(), []
+    clock, found = FakeClock(), []
 
     def on_frozen(seconds: float) -> None:
         found.append(seconds)
@@ -48,7 +40,7 @@ def watched() -> Iterator[tuple[Clock, list[float]]]:
         yield clock, found
 
 
-def frozen_once_done(clock: Clock, step: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+def frozen_once_done(clock: FakeClock, step: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     """``step`` with the process frozen for 30 s while it was awaited."""
 
     async def frozen_in(*args: Any) -> Any:
@@ -60,7 +52,7 @@ def frozen_once_done(clock: Clock, step: Callable[..., Awaitable[Any]]) -> Calla
     return frozen_in
 
 
-def frozen_once_called(clock: Clock, step: Callable[..., Any]) -> Callable[..., Any]:
+def frozen_once_called(clock: FakeClock, step: Callable[..., Any]) -> Callable[..., Any]:
     """``step`` with the process frozen for 30 s as it is called."""
 
     def frozen_at(*args: Any) -> Any:

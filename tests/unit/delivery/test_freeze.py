@@ -19,14 +19,6 @@ class Clock:
         return self.now
 
 
-class Frozen(Exception):
-    """Raised by the tests' ``on_frozen`` in place of the process's exit."""
-
-
-def _raise(frozen: float) -> None:
-    raise Frozen(frozen)
-
-
 def _until(condition: object, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
