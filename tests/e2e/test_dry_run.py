@@ -31,6 +31,7 @@ from campaign_trigger.config import get_settings
 from campaign_trigger.flows import send_batch
 from campaign_trigger.flows.send_batch import PREVIEW_ARTIFACT_KEY, Message, SendBatchInput
 from campaign_trigger.services import admin, quota, requests
+from campaign_trigger.services.housekeeping import request_of_key
 from campaign_trigger.services.preview import PREVIEWS_DIR
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request
@@ -87,21 +88,17 @@ def stored_files() -> set[str]:
     this process may write their reports or remove their files meanwhile."""
     settings = get_settings()
     storage = Path(settings.storage_url)
-    files = {
-        p: p.relative_to(storage).parts if p.is_relative_to(storage) else ()
+    owner = {
+        p: request_of_key(p.relative_to(storage).as_posix()) if p.is_relative_to(storage) else None
         for root in (storage, settings.home / PREVIEWS_DIR)
         if root.is_dir()
         for p in root.rglob("*")
         if p.is_file()
     }
-    owner = {  # uploads/<id>.csv, messages/<id>.arrow, reports/<id>/<app>.csv
-        p: parts[1].split(".")[0]
-        for p, parts in files.items()
-        if len(parts) >= 2 and parts[0] in ("uploads", "messages", "reports")
-    }
+    ids = {request_id for request_id in owner.values() if request_id}
     with session_scope() as session:
-        requests_ = set(session.exec(select(Request.id).where(col(Request.id).in_(owner.values()))))
-    return {str(p) for p in files if owner.get(p) not in requests_}
+        known = set(session.exec(select(Request.id).where(col(Request.id).in_(ids))))
+    return {str(p) for p, request_id in owner.items() if request_id not in known}  # None: no one's
 
 
 def request_count(campaign_id: str) -> int:

@@ -63,7 +63,7 @@ def _modified(info: dict[str, Any]) -> datetime | None:
     return None
 
 
-def _request_of(key: str) -> str | None:
+def request_of_key(key: str) -> str | None:
     """``uploads/<id>.csv``, ``messages/<id>.arrow``, ``reports/<id>/<app>.csv`` -> ``<id>``."""
     parts = key.split("/")
     if len(parts) == 2 and parts[0] == "uploads" and parts[1].endswith(".csv"):
@@ -85,7 +85,7 @@ def _old_files(storage: Storage, *, cutoff: datetime) -> dict[str, list[str]]:
             continue
         for path, info in storage.fs.find(base, detail=True).items():
             key = str(path).removeprefix(root)
-            request_id = _request_of(key)
+            request_id = request_of_key(key)
             modified = _modified(info)
             if request_id is not None and modified is not None and modified < cutoff:
                 found[request_id].append(key)

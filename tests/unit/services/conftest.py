@@ -9,9 +9,19 @@ import pytest
 from sqlmodel import Session, SQLModel
 
 from campaign_trigger.config import Settings, get_settings
+from campaign_trigger.services import prefect_runs
 from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.files import Storage, get_storage
 from service_support import Org, make_org
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_deployment_id() -> Iterator[None]:
+    """These tests' fake Prefect servers give deployment ids that the cache would keep
+    under the session server's URL (a 404 for the next file's runs in this process)."""
+    prefect_runs.forget_deployment_id()
+    yield
+    prefect_runs.forget_deployment_id()
 
 
 @pytest.fixture

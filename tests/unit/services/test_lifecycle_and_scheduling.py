@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import RequestNotFound, RequestStateError
-from campaign_trigger.services import lifecycle, prefect_runs, scheduling
+from campaign_trigger.services import lifecycle, scheduling
 from campaign_trigger.services.request_states import mirror_of, set_state
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -136,15 +136,11 @@ def test_the_outbox_drains_in_send_order_once(
 ) -> None:
     later = _request(session, settings, storage, org, hours=3)
     sooner = _request(session, settings, storage, org, hours=1)
-    prefect_runs.forget_deployment_id()
     fake = FakePrefect()
-    try:
-        created = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
-        again = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
-    finally:
-        prefect_runs.forget_deployment_id()  # the fake's id, cached under the real URL
+    created = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
     assert created == 2
     assert [body["name"] for body in fake.bodies] == [sooner, later]
     assert all(body["idempotency_key"] == body["name"] for body in fake.bodies)
     assert all(session.get(Request, r).flow_run_id for r in (sooner, later))  # type: ignore[union-attr]
+    again = asyncio.run(scheduling.drain_outbox(session=session, client=fake))  # type: ignore[arg-type]
     assert again == 0

@@ -5,7 +5,6 @@ dumps the server's SQL."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
@@ -57,11 +56,8 @@ def _runs(n: int) -> list[RunToCreate]:
 
 
 @pytest.fixture(autouse=True)
-def _fast(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefect_runs, "BUSY_RETRY_DELAYS", (0.0, 0.0, 0.0))
-    prefect_runs.forget_deployment_id()
-    yield
-    prefect_runs.forget_deployment_id()  # the fake server's id, cached under the real URL
 
 
 async def test_runs_refused_by_a_locked_database_are_posted_again_and_created(
