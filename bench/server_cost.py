@@ -12,6 +12,8 @@ events by name. CPU time, not wall time: a busy machine moves it little.
 ``--access-log`` runs the server at INFO and counts its API calls per request by route
 (the logging itself costs the server CPU: do not compare that run's CPU with another's).
 ``--profile DIR`` samples the server with py-spy meanwhile (``DIR/server.txt``).
+``--idle-workers N`` starts N more worker processes for the idle measurement (stopped
+before the requests): what each idle worker costs the server.
 
 Usage: ``.venv/bin/python bench/server_cost.py [--rate 2] [--seconds 30]``.
 """
@@ -34,6 +36,7 @@ import psutil
 
 from harness import (
     PREFECT_PID,
+    Worker,
     member_token,
     private_stack,
     seed_audience,
@@ -92,6 +95,13 @@ def _calls(log: Path, start: int) -> collections.Counter[str]:
     return calls
 
 
+def _idle_cpu(server: psutil.Process, seconds: float) -> float:
+    """The server's CPU seconds per second over the next ``seconds``."""
+    start, cpu = time.monotonic(), _cpu(server)
+    time.sleep(seconds)
+    return (_cpu(server) - cpu) / (time.monotonic() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate", type=float, default=2.0)
@@ -99,6 +109,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--access-log", action="store_true", help="count API calls by route")
     parser.add_argument("--profile", type=Path, help="py-spy the server into this folder")
+    parser.add_argument("--idle-workers", type=int, default=0, help="more workers while idle")
     args = parser.parse_args()
     if args.access_log:
         os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "INFO"
@@ -109,10 +120,16 @@ def main() -> None:
         api, sandbox, processes = start_send_now_stack(home)
         try:
             server = psutil.Process(int(os.environ[PREFECT_PID]))
+            if args.idle_workers:
+                idlers = [Worker(home) for _ in range(args.idle_workers)]
+                time.sleep(5)  # the workers' first polls and registrations
+                more = _idle_cpu(server, args.idle_seconds)
+                print(f"idle Prefect server CPU, {1 + len(idlers)} workers: {more * 1000:.0f} ms/s")
+                for idler in idlers:
+                    idler.stop()
             time.sleep(5)  # the worker's first polls and registrations
-            idle_start, idle_cpu = time.monotonic(), _cpu(server)
-            time.sleep(args.idle_seconds)
-            idle = (_cpu(server) - idle_cpu) / (time.monotonic() - idle_start)
+            idle = _idle_cpu(server, args.idle_seconds)
+            print(f"idle Prefect server CPU, 1 worker: {idle * 1000:.0f} ms/s")
             database = home / "prefect.db"
             rows_before = _rows(database)
             log = home / "prefect-server.log"

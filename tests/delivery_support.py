@@ -7,19 +7,22 @@ through ``create_request``, the service the API calls (left in the outbox).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, TaskRun
 from sqlalchemy import insert
 
+from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -332,3 +335,23 @@ def plan_of(
         chunk_count=chunk_count,
         recorded=set(recorded),
     )
+
+
+def sweeps_on_events_only(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """A worker started after this looks for cancelled and dead runs only when the Prefect
+    server announces one (its cancel watch and dead-run sweep never look on their own,
+    once at their start aside); the event returned is set once its event subscription is
+    open."""
+    monkeypatch.setattr(upkeep, "FALLBACK_SECONDS", 3600.0)
+    monkeypatch.setattr(upkeep, "NO_STREAM_SECONDS", 3600.0)
+    subscribed = asyncio.Event()
+    subscriber = wakeup.get_events_subscriber
+
+    @contextlib.asynccontextmanager
+    async def noted(**kwargs: Any) -> AsyncIterator[Any]:
+        async with subscriber(**kwargs) as events:
+            subscribed.set()
+            yield events
+
+    monkeypatch.setattr(wakeup, "get_events_subscriber", noted)
+    return subscribed

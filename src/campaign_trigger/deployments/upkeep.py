@@ -10,14 +10,22 @@
   claim is refused) and runs it; the flow skips what the dead worker recorded. If the
   taker dies too, its run stops heartbeating and is marked dead again. A run a cancel
   had claimed is cancelled instead.
+
+The cancel watch and the dead-run sweep look at once when the server announces a run of
+the pool Cancelling or marked dead (its state events, which the worker process's event
+subscription receives: ``wakeup.py``, :class:`Sweeps`), and otherwise every
+``FALLBACK_SECONDS``, for an event missed while the subscription reconnected; every
+``NO_STREAM_SECONDS`` while the worker has no event stream. Each look is a read of the
+Prefect server: the sweep used to read every 2 s on every worker process, idle or not
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prefect import get_client
@@ -39,6 +47,23 @@ if TYPE_CHECKING:
     from campaign_trigger.deployments.worker import DeliveryWorker
 
 logger = logging.getLogger(__name__)
+
+FALLBACK_SECONDS = 10.0
+NO_STREAM_SECONDS = 2.0
+
+
+@dataclass
+class Sweeps:
+    """What makes the cancel watch and the dead-run sweep look now: a run of the pool
+    announced Cancelling (``cancelling``) or marked dead (``dead``); whether the worker
+    process receives the server's events (``stream_up``) sets their pace without one."""
+
+    cancelling: asyncio.Event = field(default_factory=asyncio.Event)
+    dead: asyncio.Event = field(default_factory=asyncio.Event)
+    stream_up: bool = False
+
+    def interval(self) -> float:
+        return FALLBACK_SECONDS if self.stream_up else NO_STREAM_SECONDS
 
 
 def _request_of(run: FlowRun) -> str:
@@ -137,28 +162,51 @@ async def retake_dead_runs(workers: list[DeliveryWorker], client: PrefectClient)
     return taken
 
 
-async def _every(
-    seconds: float,
+async def every(
+    interval: Callable[[], float],
     stop: asyncio.Event,
     what: str,
     step: Callable[[PrefectClient], Awaitable[object]],
+    *,
+    woken: asyncio.Event,
 ) -> None:
+    """``step`` at once, then each time ``woken`` is set or ``interval()`` seconds after
+    the last, until ``stop``. A wake during a step makes another step right after it."""
     async with get_client() as client:
         while not stop.is_set():
+            woken.clear()
             try:
                 await step(client)
             except Exception as exc:
                 logger.warning("%s failed: %r", what, exc)
-            await _sleep(stop, seconds)
+            await _sleep(stop, interval(), woken)
 
 
 async def run_loops(
-    workers: list[DeliveryWorker], *, stop: asyncio.Event, poll_seconds: float, reconcile: bool
+    workers: list[DeliveryWorker],
+    *,
+    stop: asyncio.Event,
+    poll_seconds: float,
+    reconcile: bool,
+    sweeps: Sweeps,
 ) -> None:
-    """The upkeep loops of a worker process, until ``stop``."""
+    """The upkeep loops of a worker process, until ``stop``; the cancel watch and the
+    dead-run sweep also when ``sweeps`` says so."""
     loops = [
-        _every(2.0, stop, "cancel watch", lambda c: stop_cancelled_runs(workers, c)),
-        _every(2.0, stop, "dead-run sweep", lambda c: retake_dead_runs(workers, c)),
+        every(
+            sweeps.interval,
+            stop,
+            "cancel watch",
+            lambda c: stop_cancelled_runs(workers, c),
+            woken=sweeps.cancelling,
+        ),
+        every(
+            sweeps.interval,
+            stop,
+            "dead-run sweep",
+            lambda c: retake_dead_runs(workers, c),
+            woken=sweeps.dead,
+        ),
         webhook_sender.run_sender(sessions=session_scope, settings=get_settings(), stop=stop),
     ]
     if reconcile:
@@ -168,6 +216,11 @@ async def run_loops(
     await asyncio.gather(*loops)
 
 
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
+async def _sleep(stop: asyncio.Event, seconds: float, woken: asyncio.Event | None = None) -> None:
+    """``seconds``, or less if ``stop`` (or ``woken``) is set meanwhile."""
+    waits = [asyncio.ensure_future(event.wait()) for event in (stop, woken) if event is not None]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

@@ -1,4 +1,6 @@
-"""Waking a worker's queue when a run is scheduled in it, instead of polling every tick.
+"""Waking a worker's queue when a run is scheduled in it, instead of polling every tick;
+and its cancel watch and dead-run sweep when a run of the pool is cancelled or marked
+dead, instead of looking every 2 s.
 
 A poll of the pool costs the Prefect server ~23 ms of CPU (docs/benchmarks.md), so a
 worker polling its request queue every 0.5 s cost an idle server ~46 ms a second, and
@@ -11,6 +13,12 @@ every ``poll_seconds``).
 Without an event a queue is polled every ``IDLE_POLL_FACTOR``-th tick, which also picks
 up runs scheduled ahead as their time comes (the worker's prefetch covers that
 interval) and runs whose event was missed while the stream was down.
+
+The same subscription receives the pool's runs set ``Cancelling`` (the UI's Cancel) and
+marked dead (``prefect_runs.DEAD_RUN_STATE_NAME``, by the dead-run automation): each
+makes the upkeep's cancel watch or dead-run sweep look at once (``upkeep.Sweeps``),
+which otherwise look every ``upkeep.FALLBACK_SECONDS`` while the stream is up and every
+``upkeep.NO_STREAM_SECONDS`` while it is not.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from prefect.events.filters import EventFilter, EventNameFilter
 from prefect.events.schemas.events import Event
 
 from campaign_trigger.deployments import catalog
+from campaign_trigger.deployments.upkeep import Sweeps
+from campaign_trigger.services import prefect_runs
 
 if TYPE_CHECKING:
     from campaign_trigger.deployments.worker import DeliveryWorker
@@ -38,6 +48,8 @@ SCHEDULED = [
     f"prefect.flow-run.{name}"
     for name in ("Scheduled", "Late", "AwaitingRetry", "Resuming", "AwaitingConcurrencySlot")
 ]
+CANCELLING = "prefect.flow-run.Cancelling"
+DEAD = f"prefect.flow-run.{prefect_runs.DEAD_RUN_STATE_NAME}"
 RESUBSCRIBE_SECONDS = 5.0
 
 
@@ -52,20 +64,38 @@ def queue_of(event: Event) -> str | None:
     return queue if pool == catalog.DELIVERY_POOL else None
 
 
-async def wake_on_scheduled(workers: Iterable[DeliveryWorker], stop: asyncio.Event) -> None:
-    """Wake the worker of each queue a run is scheduled in, until ``stop``; if the event
-    stream fails, subscribe again after ``RESUBSCRIBE_SECONDS`` (meanwhile the queues are
-    polled at their idle pace)."""
+def dispatch(event: Event, workers: Iterable[DeliveryWorker], sweeps: Sweeps) -> None:
+    """Act on an event of a run of a queue this process serves: a run scheduled wakes
+    its queue, one cancelling or marked dead wakes the cancel watch or the sweep."""
     by_queue = {worker.queue: worker for worker in workers}
-    only_scheduled = EventFilter(event=EventNameFilter(name=SCHEDULED))  # type: ignore[call-arg]
+    worker = by_queue.get(queue_of(event) or "")
+    if worker is None:
+        return
+    if event.event == CANCELLING:
+        sweeps.cancelling.set()
+    elif event.event == DEAD:
+        sweeps.dead.set()
+    else:
+        worker.wake()
+
+
+async def wake_on_events(
+    workers: Iterable[DeliveryWorker], sweeps: Sweeps, stop: asyncio.Event
+) -> None:
+    """Act on the runs' events (:func:`dispatch`) until ``stop``; if the event stream
+    fails, subscribe again after ``RESUBSCRIBE_SECONDS`` (meanwhile the queues are polled
+    at their idle pace, and the sweeps look every ``upkeep.NO_STREAM_SECONDS``)."""
+    workers = list(workers)
+    names = EventNameFilter(name=[*SCHEDULED, CANCELLING, DEAD])  # type: ignore[call-arg]
     while not stop.is_set():
         try:
-            async with get_events_subscriber(filter=only_scheduled) as subscriber:
+            async with get_events_subscriber(filter=EventFilter(event=names)) as subscriber:
+                sweeps.stream_up = True
                 async for event in subscriber:
-                    worker = by_queue.get(queue_of(event) or "")
-                    if worker is not None:
-                        worker.wake()
+                    dispatch(event, workers, sweeps)
         except Exception as exc:  # the server is restarting, or has no event stream
-            logger.warning("scheduled-run events unavailable (%r): polling at idle pace", exc)
+            logger.warning("run events unavailable (%r): polling at idle pace", exc)
+        finally:
+            sweeps.stream_up = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=RESUBSCRIBE_SECONDS)

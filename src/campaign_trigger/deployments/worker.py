@@ -393,13 +393,20 @@ async def run_worker(
             # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
             # queue also at once when a share hands on; a run ending with its queue woken
             # (a run scheduled while every slot was taken) wakes it again.
+            # The cancel watch and the dead-run sweep too, when a run is cancelled or
+            # marked dead (upkeep.py).
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1])
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
+            sweeps = upkeep.Sweeps()
             loops = asyncio.gather(
                 upkeep.run_loops(
-                    workers, stop=stop, poll_seconds=poll_seconds, reconcile=reconcile
+                    workers,
+                    stop=stop,
+                    poll_seconds=poll_seconds,
+                    reconcile=reconcile,
+                    sweeps=sweeps,
                 ),
-                wakeup.wake_on_scheduled(workers, stop),
+                wakeup.wake_on_events(workers, sweeps, stop),
             )
             logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ from prefect.client.orchestration import PrefectClient
 from prefect.states import Cancelling
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
 from campaign_trigger.services import lifecycle, prefect_runs
@@ -26,8 +28,10 @@ from delivery_support import (
     drain,
     load_request,
     read_run,
+    sandbox_stats,
     seed_tenant,
     state_name,
+    sweeps_on_events_only,
     wait_for_state,
 )
 from support import ManagedProcess
@@ -218,21 +222,33 @@ async def test_report_links_wait_for_completion_then_sign_every_app(worker: None
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
 
 
+@pytest.mark.parametrize("seen_by", ["event", "watch-without-events"])
 async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
-    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch, seen_by: str
 ) -> None:
+    """Stopped before its end (the run's own end would be Cancelled too: its Completed
+    is refused), as the server announces it Cancelling (the watch never looks on its
+    own), or, with no event stream, by the watch looking every ``NO_STREAM_SECONDS``."""
     monkeypatch.setenv("CT_CHUNK_SIZE", "1")
     get_settings.cache_clear()
+    if seen_by == "event":
+        subscribed = sweeps_on_events_only(monkeypatch)
+    else:
+        subscribed = asyncio.Event()
+        subscribed.set()
+        monkeypatch.setattr(wakeup, "get_events_subscriber", _no_event_stream)
+        monkeypatch.setattr(upkeep, "FALLBACK_SECONDS", 3600.0)
     tenant = seed_tenant()
-    audience = bulk_audience(tenant, users=60, prefix=uuid.uuid4().hex[:6])
+    audience = bulk_audience(tenant, users=300, prefix=uuid.uuid4().hex[:6])
     add_devices(audience.devices)
-    request_id = add_request(tenant, audience.users, send_at=later(0))
-    await drain()
     stop = asyncio.Event()
     worker = asyncio.create_task(
         run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=1)
     )
     try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        request_id = add_request(tenant, audience.users, send_at=later(0))
+        await drain()
         run = await wait_for_state(request_id, "RUNNING", timeout=30)
         async with get_client() as client:
             await client.set_flow_run_state(run.id, Cancelling())
@@ -242,6 +258,13 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
         await asyncio.wait_for(worker, timeout=60)
         get_settings.cache_clear()
     assert state_name(run) == "CANCELLED"
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    sent = sum(per_token.get(device.token, 0) for device in audience.devices)
+    assert 0 < sent < len(audience.devices)  # stopped on its way
     assert load_request(request_id).state == RequestState.canceled
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
+def _no_event_stream(**kwargs: object) -> contextlib.AbstractAsyncContextManager[object]:
+    raise OSError("no event stream")

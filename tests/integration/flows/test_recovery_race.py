@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prefect import get_client
@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from campaign_trigger.deployments import upkeep
 from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
-from campaign_trigger.deployments.worker import DeliveryWorker
+from campaign_trigger.deployments.worker import DeliveryWorker, run_worker
 from campaign_trigger.services import prefect_runs
 from delivery_support import (
     DeviceSpec,
@@ -32,6 +32,7 @@ from delivery_support import (
     sandbox_stats,
     seed_tenant,
     state_name,
+    sweeps_on_events_only,
     wait_for_state,
 )
 from support import ManagedProcess
@@ -92,6 +93,31 @@ async def test_two_workers_taking_over_the_same_dead_run_run_it_once(
             assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{user}") == 1, trial
     print(f"taken over {taken_by}")
     assert sum(taken_by.values()) == TRIALS
+
+
+async def test_a_run_marked_dead_is_taken_over_as_the_server_announces_it(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep looks when the dead-run automation's state event arrives: with it never
+    looking on its own, the run is still taken over and delivered once."""
+    subscribed = sweeps_on_events_only(monkeypatch)
+    tenant = seed_tenant()
+    user = f"announced-{uuid.uuid4().hex[:6]}"
+    add_devices([DeviceSpec(tenant.android, f"d-{user}", user, f"tok-{user}")])
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, poll_seconds=0.2))
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        # Due in 15 s: the ghost claims it long before the worker's prefetch would (2 s).
+        request_id = add_request(tenant, [user], send_at=datetime.now(UTC) + timedelta(seconds=15))
+        await drain()
+        await _left_crashed_by_a_dead_worker(request_id, ghost=f"ghost-{user}")
+        run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=90)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, timeout=60)
+    assert state_name(run) == "COMPLETED", run.state
+    assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{user}") == 1
 
 
 async def test_the_sweep_asks_for_runs_of_dead_workers_alone(

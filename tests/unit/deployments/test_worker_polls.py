@@ -3,7 +3,8 @@ Prefect event woke it), or once its last poll is ``wake_gap`` old; every
 ``idle_poll_factor``-th tick else (a share running or being made in its process
 included: the shares' own events start them), never while every slot is taken, and at
 least every ``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was
-scheduled while every slot was taken; which queue an event wakes."""
+scheduled while every slot was taken; which queue an event wakes, and which of the
+upkeep's looks (the cancel watch, the dead-run sweep) a run's event starts."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.events.schemas.events import Event
 from prefect.workers.base import BaseWorker
 
+from campaign_trigger.deployments import upkeep
 from campaign_trigger.deployments.catalog import DELIVERY_POOL
-from campaign_trigger.deployments.wakeup import queue_of
+from campaign_trigger.deployments.wakeup import dispatch, queue_of
 from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWorker
 
 
@@ -83,9 +85,9 @@ async def test_a_tick_right_after_a_poll_off_the_ticks_does_not_poll_at_the_idle
     assert worker.worth_polling()
 
 
-def _scheduled(pool: str, queue: str) -> Event:
+def _scheduled(pool: str, queue: str, *, state: str = "Scheduled") -> Event:
     return Event(
-        event="prefect.flow-run.Scheduled",
+        event=f"prefect.flow-run.{state}",
         resource={"prefect.resource.id": f"prefect.flow-run.{uuid.uuid4()}"},
         related=[
             {
@@ -106,6 +108,66 @@ def test_an_event_names_the_delivery_pools_queue_its_run_is_scheduled_in() -> No
     assert queue_of(_scheduled(DELIVERY_POOL, "chunks")) == "chunks"
     assert queue_of(_scheduled(DELIVERY_POOL, "default")) == "default"
     assert queue_of(_scheduled("another-pool", "default")) is None
+
+
+def test_a_run_cancelling_or_marked_dead_starts_the_cancel_watch_or_the_sweep() -> None:
+    worker = DeliveryWorker(concurrency=1, queue="default")
+    woken: list[DeliveryWorker] = []
+    worker.wake = lambda: woken.append(worker)  # type: ignore[method-assign]
+    sweeps = upkeep.Sweeps()
+
+    dispatch(_scheduled(DELIVERY_POOL, "default", state="Cancelling"), [worker], sweeps)
+    assert (sweeps.cancelling.is_set(), sweeps.dead.is_set(), woken) == (True, False, [])
+    dispatch(_scheduled(DELIVERY_POOL, "default", state="Worker lost"), [worker], sweeps)
+    assert (sweeps.dead.is_set(), woken) == (True, [])
+    dispatch(_scheduled(DELIVERY_POOL, "default"), [worker], sweeps)
+    assert woken == [worker]
+
+    sweeps = upkeep.Sweeps()  # runs of a queue or a pool this process does not serve
+    for event in (
+        _scheduled(DELIVERY_POOL, "chunks", state="Cancelling"),
+        _scheduled("another-pool", "default", state="Worker lost"),
+        _scheduled("another-pool", "default"),
+    ):
+        dispatch(event, [worker], sweeps)
+    assert (sweeps.cancelling.is_set(), sweeps.dead.is_set(), woken) == (False, False, [worker])
+
+
+async def test_a_sweep_looks_at_once_then_when_woken_not_only_at_its_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upkeep, "get_client", _NoClient)
+    stop, woken = asyncio.Event(), asyncio.Event()
+    looked: list[int] = []
+    step_started = asyncio.Event()
+
+    async def step(client: object) -> None:
+        looked.append(len(looked))
+        step_started.set()
+        if len(looked) == 2:
+            woken.set()  # an event during a look: one more right after it
+        await asyncio.sleep(0)
+
+    loop = asyncio.create_task(upkeep.every(lambda: 3600.0, stop, "test", step, woken=woken))
+    await asyncio.wait_for(step_started.wait(), timeout=5)
+    assert looked == [0]  # at once, then nothing for an hour
+    await asyncio.sleep(0.05)
+    assert looked == [0]
+    woken.set()
+    while len(looked) < 3:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert looked == [0, 1, 2]  # woken, and again for the wake during the second
+    stop.set()
+    await asyncio.wait_for(loop, timeout=5)
+
+
+class _NoClient:
+    async def __aenter__(self) -> object:
+        return object()
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 @pytest.fixture
