@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from prefect.events.clients import get_events_subscriber
@@ -64,10 +64,10 @@ def queue_of(event: Event) -> str | None:
     return queue if pool == catalog.DELIVERY_POOL else None
 
 
-def dispatch(event: Event, workers: Iterable[DeliveryWorker], sweeps: Sweeps) -> None:
-    """Act on an event of a run of a queue this process serves: a run scheduled wakes
-    its queue, one cancelling or marked dead wakes the cancel watch or the sweep."""
-    by_queue = {worker.queue: worker for worker in workers}
+def dispatch(event: Event, by_queue: Mapping[str, DeliveryWorker], sweeps: Sweeps) -> None:
+    """Act on an event of a run of a queue this process serves (``by_queue``: its worker
+    of each): a run scheduled wakes its queue, one cancelling or marked dead wakes the
+    cancel watch or the sweep."""
     worker = by_queue.get(queue_of(event) or "")
     if worker is None:
         return
@@ -85,14 +85,14 @@ async def wake_on_events(
     """Act on the runs' events (:func:`dispatch`) until ``stop``; if the event stream
     fails, subscribe again after ``RESUBSCRIBE_SECONDS`` (meanwhile the queues are polled
     at their idle pace, and the sweeps look every ``upkeep.NO_STREAM_SECONDS``)."""
-    workers = list(workers)
+    by_queue = {worker.queue: worker for worker in workers}
     names = EventNameFilter(name=[*SCHEDULED, CANCELLING, DEAD])  # type: ignore[call-arg]
     while not stop.is_set():
         try:
             async with get_events_subscriber(filter=EventFilter(event=names)) as subscriber:
                 sweeps.stream_up = True
                 async for event in subscriber:
-                    dispatch(event, workers, sweeps)
+                    dispatch(event, by_queue, sweeps)
         except Exception as exc:  # the server is restarting, or has no event stream
             logger.warning("run events unavailable (%r): polling at idle pace", exc)
         finally:

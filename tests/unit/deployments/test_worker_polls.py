@@ -114,13 +114,13 @@ def test_a_run_cancelling_or_marked_dead_starts_the_cancel_watch_or_the_sweep() 
     worker = DeliveryWorker(concurrency=1, queue="default")
     woken: list[DeliveryWorker] = []
     worker.wake = lambda: woken.append(worker)  # type: ignore[method-assign]
-    sweeps = upkeep.Sweeps()
+    sweeps, served = upkeep.Sweeps(), {worker.queue: worker}
 
-    dispatch(_scheduled(DELIVERY_POOL, "default", state="Cancelling"), [worker], sweeps)
+    dispatch(_scheduled(DELIVERY_POOL, "default", state="Cancelling"), served, sweeps)
     assert (sweeps.cancelling.is_set(), sweeps.dead.is_set(), woken) == (True, False, [])
-    dispatch(_scheduled(DELIVERY_POOL, "default", state="Worker lost"), [worker], sweeps)
+    dispatch(_scheduled(DELIVERY_POOL, "default", state="Worker lost"), served, sweeps)
     assert (sweeps.dead.is_set(), woken) == (True, [])
-    dispatch(_scheduled(DELIVERY_POOL, "default"), [worker], sweeps)
+    dispatch(_scheduled(DELIVERY_POOL, "default"), served, sweeps)
     assert woken == [worker]
 
     sweeps = upkeep.Sweeps()  # runs of a queue or a pool this process does not serve
@@ -129,7 +129,7 @@ def test_a_run_cancelling_or_marked_dead_starts_the_cancel_watch_or_the_sweep() 
         _scheduled("another-pool", "default", state="Worker lost"),
         _scheduled("another-pool", "default"),
     ):
-        dispatch(event, [worker], sweeps)
+        dispatch(event, served, sweeps)
     assert (sweeps.cancelling.is_set(), sweeps.dead.is_set(), woken) == (False, False, [worker])
 
 
