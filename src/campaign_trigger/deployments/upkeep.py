@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 FALLBACK_SECONDS = 10.0
 NO_STREAM_SECONDS = 2.0
+AGAIN_SECONDS = 1.0  # a look an event woke is made once more this much later
 
 
 @dataclass
@@ -171,7 +172,10 @@ async def every(
     woken: asyncio.Event,
 ) -> None:
     """``step`` at once, then each time ``woken`` is set or ``interval()`` seconds after
-    the last, until ``stop``. A wake during a step makes another step right after it."""
+    the last, until ``stop``. A wake during a step makes another step right after it; a
+    step a wake started is made again ``AGAIN_SECONDS`` later (an event can reach the
+    worker before the server answers reads with the state it announced)."""
+    was_woken = False
     async with get_client() as client:
         while not stop.is_set():
             woken.clear()
@@ -179,7 +183,9 @@ async def every(
                 await step(client)
             except Exception as exc:
                 logger.warning("%s failed: %r", what, exc)
-            await _sleep(stop, interval(), woken)
+            pause = min(interval(), AGAIN_SECONDS) if was_woken else interval()
+            await _sleep(stop, pause, woken)
+            was_woken = woken.is_set()
 
 
 async def run_loops(
