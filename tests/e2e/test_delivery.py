@@ -137,6 +137,12 @@ def _recorded(request_id: str) -> tuple[int, int]:
 
 KILL_USERS = 20_000
 KILL_CONCURRENCY = 100
+# From the moment to kill on, the sandbox answers each message this late, and the kill
+# waits for one more message: it lands with that message's answer held back, on the
+# wire. Killed at an arbitrary moment, a worker was once caught while its send slots
+# awaited their outcomes' commit: every message sent was recorded, and the test proved
+# nothing about sends in flight.
+HOLD_MS = 500
 
 
 @dataclass(frozen=True)
@@ -173,8 +179,9 @@ async def _killed_mid_chunk(
 ) -> Killed:
     """A send-now request of ``KILL_USERS`` (one Android device each) to a worker started
     with ``options`` and ``env``, SIGKILLed (or else ``halt``-ed) once the sandbox got
-    ``kill_at`` of its messages (and, if given, ``until(request_id)`` holds). Up to the
-    kill the sandbox answers each message after ``latency_ms`` (at full speed if 0).
+    ``kill_at`` of its messages (and, if given, ``until(request_id)`` holds) and then one
+    more, whose answer it holds back ``HOLD_MS``. Up to that moment the sandbox answers
+    each message after ``latency_ms`` (at full speed if 0).
 
     The kill caught sends in flight, at most ``KILL_CONCURRENCY``: a provider's slots are
     shared by every chunk of the process sending to its app (``delivery/sending.py``),
@@ -203,6 +210,11 @@ async def _killed_mid_chunk(
                 f"of {kill_at} messages):\n{worker.log_tail()}"
             )
             await asyncio.sleep(0.002)
+        sandbox.state.configure(latency_ms=max(latency_ms, HOLD_MS))
+        held = len(sandbox.state.deliveries)
+        while len(sandbox.state.deliveries) == held:
+            assert time.monotonic() < deadline, f"no message came to hold:\n{worker.log_tail()}"
+            await asyncio.sleep(0.001)
         halt(worker)
         await asyncio.sleep(1.0)  # requests already on the wire land
     finally:
