@@ -20,6 +20,7 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, TaskRun
+from prefect.events.clients import get_events_subscriber
 from sqlalchemy import insert
 
 from campaign_trigger.deployments import upkeep, wakeup
@@ -345,7 +346,7 @@ def sweeps_on_events_only(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     monkeypatch.setattr(upkeep, "FALLBACK_SECONDS", 3600.0)
     monkeypatch.setattr(upkeep, "NO_STREAM_SECONDS", 3600.0)
     subscribed = asyncio.Event()
-    subscriber = wakeup.get_events_subscriber
+    subscriber = get_events_subscriber  # what wakeup subscribes with
 
     @contextlib.asynccontextmanager
     async def noted(**kwargs: Any) -> AsyncIterator[Any]:

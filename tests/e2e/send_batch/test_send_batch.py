@@ -56,7 +56,7 @@ def stack(prefect_server: ManagedProcess, session_dir: Path) -> Iterator[Running
 
 
 @pytest.fixture
-def same_settings_as_stack(stack: RunningStack, monkeypatch: pytest.MonkeyPatch) -> None:
+def same_settings_as_stack(stack: RunningStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process signs links for the stack's API, as its own processes do."""
     for name, value in stack.env.items():
         monkeypatch.setenv(name, value)
@@ -171,7 +171,7 @@ def test_a_call_that_stored_its_batch_names_the_request_when_the_wait_fails(
     from campaign_trigger.tasks import send_batch as steps
 
     async def lost(_request_id: str) -> None:
-        raise ObjectNotFound(None)  # what the Prefect client raised in issue 17
+        raise ObjectNotFound(Exception("404"))  # what the Prefect client raised in issue 17
 
     monkeypatch.setattr(steps, "_final_state", lost)
     tenant = seed_tenant()
@@ -273,6 +273,7 @@ def test_refused_input_fails_the_run_with_the_spec_error_in_an_artifact(
         }
     )
     assert run.state_type == StateType.FAILED
+    assert run.state is not None
     assert "Invalid file : missing variables : (order_id)" in (run.state.message or "")
     assert "## Validation problems" in markdown
     assert "- Invalid file : missing variables : (order_id)" in markdown

@@ -57,6 +57,7 @@ def make_tenant(*, quota: int = 1_000_000, quota_period: str = "monthly") -> Ten
         session.add(org)
         session.flush()
         assert org.id is not None
+        org_id = org.id  # narrowed for the closure below
         accounts = {
             role: Account(
                 org_id=org.id,
@@ -81,7 +82,7 @@ def make_tenant(*, quota: int = 1_000_000, quota_period: str = "monthly") -> Ten
             channel: Channel = Channel.push,
         ) -> str:
             row = Campaign(
-                org_id=org.id,
+                org_id=org_id,
                 channel=channel,
                 state=state,
                 title=title,

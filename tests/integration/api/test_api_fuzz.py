@@ -119,7 +119,9 @@ def _routes(ctx: Context) -> st.SearchStrategy[Call]:
     )
     raw = st.booleans()
 
-    def json_call(method: str, path: str, body: Any, headers: Any) -> st.SearchStrategy[Call]:
+    def json_call(
+        method: str, path: st.SearchStrategy[str], body: Any, headers: Any
+    ) -> st.SearchStrategy[Call]:
         return st.builds(
             lambda p, b, r, h: Call(
                 method, p, headers={**h, "Content-Type": b"application/json"}, body=_json(b, r)
@@ -271,7 +273,7 @@ def _fuzz(server: Server, ctx: Context) -> Counter[int]:
             answer = client.request(
                 call.method,
                 call.url(),
-                headers=headers,
+                headers={name.encode("ascii"): value for name, value in headers.items()},
                 content=call.body,
                 files=call.files,
             )

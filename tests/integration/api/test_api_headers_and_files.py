@@ -141,7 +141,7 @@ def test_tokens_and_links_are_signed_with_keys_of_their_own(
     path = f"/files/{key}"
     for signing_key in (secret.encode(), settings.token_key()):
         signature = hmac.new(signing_key, f"{path}\n{expires}".encode(), hashlib.sha256)
-        params = {"expires": expires, "signature": signature.hexdigest()}
+        params: dict[str, Any] = {"expires": expires, "signature": signature.hexdigest()}
         assert http.get(path, params=params).status_code == 403
     assert (
         http.get(httpx.URL(signed_url(settings=settings, path=path)).raw_path.decode()).status_code

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -30,9 +30,9 @@ def _trigger(tenant: Tenant, campaign_id: str | None = None) -> dict[str, object
 
 
 @pytest.fixture
-def http(api_server: Server) -> httpx.Client:
+def http(api_server: Server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=api_server.url, timeout=30) as client:
-        yield client  # type: ignore[misc]
+        yield client
 
 
 # --- sign-in -------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_quota_counts_every_call_and_then_answers_429(
 ) -> None:
     tenant = tenant_factory(quota=5)
     auth = tenant.auth()
-    calls = [
+    calls: list[Callable[[], httpx.Response]] = [
         lambda: http.post("/api/campaigns/trigger", json=_trigger(tenant), headers=auth),
         lambda: http.post("/api/campaigns/trigger", json={"campaign_id": ""}, headers=auth),
         lambda: http.get(f"/api/campaigns/{tenant.started}/request/scheduled", headers=auth),

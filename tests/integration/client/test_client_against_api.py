@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -160,7 +160,7 @@ def test_scheduled_pages_with_limit_and_offset(api: TriggerClient, tenant: Seede
 def test_the_spec_refusals_raise_bad_request_with_their_message(
     api: TriggerClient, tenant: SeededTenant, tmp_path: Path
 ) -> None:
-    refusals = {
+    refusals: dict[str, Callable[[], object]] = {
         "Unknown campaign with identifier nope": lambda: api.create(
             "nope", messages=messages_for(tenant)
         ),

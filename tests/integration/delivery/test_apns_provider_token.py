@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,10 +142,11 @@ async def test_a_timed_out_stream_leaves_no_unretrieved_exception(
     try:
         pool = pool_class(f"http://127.0.0.1:{strict_apns.port}", timeout_seconds=0.2)
         for _ in range(3):
-            if isinstance(pool, CurlPool):
-                request = pool.request(b"/3/device/x", [b"apns-topic: t"], b"{}")
-            else:
-                request = pool.request(b"/3/device/x", [(b"apns-topic", b"t")], b"{}")
+            request: Awaitable[object] = (
+                pool.request(b"/3/device/x", [b"apns-topic: t"], b"{}")
+                if isinstance(pool, CurlPool)
+                else pool.request(b"/3/device/x", [(b"apns-topic", b"t")], b"{}")
+            )
             with pytest.raises(TimeoutError):
                 await request
         await pool.aclose()

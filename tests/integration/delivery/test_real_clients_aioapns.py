@@ -8,6 +8,7 @@ from __future__ import annotations
 import ssl
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -41,10 +42,10 @@ async def apns_client(
         connection.close()
 
 
-async def send(client: APNs, token: str, **options: object) -> tuple[str, str | None]:
+async def send(client: APNs, token: str, **options: Any) -> tuple[str, str | None]:
     request = NotificationRequest(
         device_token=token, message=options.pop("message", ALERT), **options
-    )  # type: ignore[arg-type]
+    )
     result = await client.send_notification(request)
     assert result.notification_id == request.notification_id
     return result.status, result.description

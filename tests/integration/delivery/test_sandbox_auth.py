@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jwt
@@ -175,7 +176,7 @@ def test_a_bad_assertion_is_refused_as_google_refuses_it(
     sandbox: str,
     sandbox_state: SandboxState,
     why: str,
-    claims: dict[str, object],
+    claims: dict[str, Any],
     error: str,
     description: str,
 ) -> None:

@@ -234,8 +234,8 @@ def test_graceful_shutdown_answers_every_stream_up_to_last_stream_id() -> None:
     assert (last_stream_id, code) == (max(streams), 0)  # then: up to the last one received
     decoder = hpack.Decoder()
     answered = {
-        sid: dict(decoder.decode(payload))[":status"]
+        sid: dict(decoder.decode(payload, raw=True))[b":status"]
         for kind, flags, sid, payload in frames
         if kind == 0x1 and flags & 0x1  # HEADERS with END_STREAM: a complete empty answer
     }
-    assert answered == dict.fromkeys(streams, "200")
+    assert answered == dict.fromkeys(streams, b"200")

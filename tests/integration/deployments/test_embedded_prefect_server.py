@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect import flow, get_client
 from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import State, StateType
 from prefect.states import Completed, Pending, Running, Scheduled
 
 from campaign_trigger.deployments import prefect_server as embedded
@@ -32,10 +33,11 @@ def _load() -> None:
 async def _drive(api: str) -> list[uuid.UUID]:
     """Create runs and move each Scheduled -> Pending -> Running -> Completed."""
     async with PrefectClient(api=api) as client:
-        ids = []
+        ids: list[uuid.UUID] = []
         for _ in range(RUNS_PER_CLIENT):
             run = await client.create_flow_run(_load, name=uuid.uuid4().hex[:8], state=Scheduled())
-            for state in (Pending(), Running(), Completed()):
+            states: tuple[State[Any], ...] = (Pending(), Running(), Completed())
+            for state in states:
                 result = await client.set_flow_run_state(run.id, state)
                 assert result.status.value == "ACCEPT", result
             ids.append(run.id)
@@ -73,8 +75,8 @@ async def test_concurrent_writers_all_land_without_a_lock_error(tmp_path: Path) 
             flow_id = await client.create_flow(_load)
             deployment_id = await client.create_deployment(flow_id=flow_id, name="load")
         keys = [uuid.uuid4().hex for _ in range(100)]
-        *runs, _, _ = await asyncio.gather(
-            *(_drive(api) for _ in range(CLIENTS)),
+        runs, _, _ = await asyncio.gather(
+            asyncio.gather(*(_drive(api) for _ in range(CLIENTS))),
             _create_in_bulk(api, deployment_id, keys),
             _create_in_bulk(api, deployment_id, keys),
         )

@@ -149,13 +149,13 @@ async def test_each_app_sends_with_its_own_credentials_and_a_rotation_applies_at
 
     await send(shop, bank)
 
-    android = deliveries(sandbox_url, shop.android_token)
-    ios = deliveries(sandbox_url, shop.ios_token)
-    assert [d["key_id"] for d in android] == [
+    to_android = deliveries(sandbox_url, shop.android_token)
+    to_ios = deliveries(sandbox_url, shop.ios_token)
+    assert [d["key_id"] for d in to_android] == [
         shop.account.private_key_id,
         new_account.private_key_id,
     ]
-    assert [d["key_id"] for d in ios] == [shop.key.key_id, new_key.key_id]
+    assert [d["key_id"] for d in to_ios] == [shop.key.key_id, new_key.key_id]
     assert {d["key_id"] for d in deliveries(sandbox_url, bank.ios_token)} == {bank.key.key_id}
 
     secrets = [

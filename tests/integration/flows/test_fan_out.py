@@ -16,7 +16,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterParentFlowRunId,
 )
-from prefect.client.schemas.objects import FlowRun, TaskRun
+from prefect.client.schemas.objects import FlowRun, State, TaskRun
 from prefect.states import Completed, Crashed, Running, Scheduled
 
 from campaign_trigger.config import get_settings
@@ -230,7 +230,7 @@ async def test_every_live_share_is_read_past_a_page_of_flow_runs(prefect_server:
         assert list(await fan_out._not_ended([r.id for r in runs])) == [last]
         await client.set_flow_run_state(last, Completed(), force=True)
         assert await fan_out._not_ended([r.id for r in runs]) == {}
-        dead = Crashed(message=prefect_runs.DEAD_RUN_MESSAGE)  # about to be taken over
+        dead: State[None] = Crashed(message=prefect_runs.DEAD_RUN_MESSAGE)  # about to be taken over
         await client.set_flow_run_state(last, dead, force=True)
         assert list(await fan_out._not_ended([r.id for r in runs])) == [last]
         await client.set_flow_run_state(last, Scheduled(), force=True)  # an offer not claimed

@@ -77,7 +77,7 @@ async def test_drain_creates_one_scheduled_run_per_request(deployed: ManagedProc
     assert first.idempotency_key == request_id
     assert first.name == request_id
     assert first.state.state_details.scheduled_time is not None
-    assert abs((first.state.state_details.scheduled_time - send_at).total_seconds()) < 0.01
+    assert abs(first.state.state_details.scheduled_time.timestamp() - send_at.timestamp()) < 0.01
     await drain()  # nothing left in the outbox: no second run
     assert (await read_run(request_id)).id == first.id  # type: ignore[union-attr]
 

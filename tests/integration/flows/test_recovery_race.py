@@ -150,7 +150,7 @@ async def test_the_sweep_asks_for_runs_of_dead_workers_alone(
     assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{users[1]}") == 1
     assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{users[0]}") is None
     async with get_client() as client:
-        still = await client.read_flow_run(failed_run)
+        still = await client.read_flow_run(uuid.UUID(failed_run))
     assert still.state is not None
     assert still.state.name == "Crashed"
 

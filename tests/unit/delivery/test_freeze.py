@@ -33,7 +33,7 @@ def test_the_threshold_is_half_the_shortest_freeze_that_can_get_a_run_marked_dea
 
 
 def test_a_send_after_a_freeze_of_the_threshold_stops_and_not_before() -> None:
-    clock, frozen = Clock(), []
+    clock, frozen = Clock(), list[float]()
     watch = freeze.FreezeWatch(5.0, busy=lambda: True, on_frozen=frozen.append, clock=clock)
     clock.now += freeze.TICK_SECONDS + 4.9  # a tick late by 4.9 s
     watch.check()
@@ -44,7 +44,7 @@ def test_a_send_after_a_freeze_of_the_threshold_stops_and_not_before() -> None:
 
 
 def test_the_thread_finds_a_freeze_out_while_runs_are_held() -> None:
-    clock, frozen, held = Clock(), [], [True]
+    clock, frozen, held = Clock(), list[float](), [True]
     watch = freeze.FreezeWatch(5.0, busy=lambda: held[0], on_frozen=frozen.append, clock=clock)
     with watch.watching():
         time.sleep(3 * freeze.TICK_SECONDS)  # ticks on time: nothing
@@ -55,7 +55,7 @@ def test_the_thread_finds_a_freeze_out_while_runs_are_held() -> None:
 
 
 def test_an_idle_process_that_was_frozen_goes_on() -> None:
-    clock, frozen = Clock(), []
+    clock, frozen = Clock(), list[float]()
     watch = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=frozen.append, clock=clock)
     with watch.watching():
         clock.now += 60
@@ -67,7 +67,7 @@ def test_an_idle_process_that_was_frozen_goes_on() -> None:
 def test_sends_still_check_a_watch_when_the_first_of_two_in_a_process_ends() -> None:
     # Two workers in one process (as some tests run them), the first to start ending
     # first: the second's watch still answers the sends' check.
-    clock, frozen = Clock(), []
+    clock, frozen = Clock(), list[float]()
     first = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=frozen.append, clock=clock)
     second = freeze.FreezeWatch(5.0, busy=lambda: False, on_frozen=frozen.append, clock=clock)
     first_running = first.watching()

@@ -4,6 +4,7 @@ without a secret, resolved for sending (with the fallbacks), refused in producti
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -88,6 +89,7 @@ def test_an_apns_key_picks_its_environment_and_a_new_key_is_a_new_version(
         assert credentials.key_id == key.key_id
         assert credentials.topic == "com.shop.one"
         assert credentials.base_url == (APNS_DEVELOPMENT_HOST if development else APNS_HOST)
+    assert credentials is not None
     assert credentials.identity == f"app:{ios}:v2"
     to_sandbox = settings.model_copy(update={"send_to_sandbox": True})
     credentials = app_credentials.provider_credentials(
@@ -128,7 +130,11 @@ def test_keys_of_the_wrong_kind_or_platform_are_refused(
     account = service_account("p")
 
     def set_apns(app_id: str, **change: str) -> None:
-        fields = {"key_id": key.key_id, "team_id": key.team_id, "topic": key.topic} | change
+        fields: dict[str, Any] = {
+            "key_id": key.key_id,
+            "team_id": key.team_id,
+            "topic": key.topic,
+        } | change
         app_credentials.set_apns_credentials(
             session=session, settings=settings, app_id=app_id, key=key.p8.encode(), **fields
         )

@@ -4,6 +4,7 @@ deterministic chunking."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlmodel import Session
@@ -50,9 +51,7 @@ def test_a_reachable_device_is_sent_to() -> None:
         ({"logged_in": False, "opted_in": False}, NOT_LOGGED_IN),
     ],
 )
-def test_pre_send_outcomes_in_order_of_precedence(
-    changes: dict[str, object], expected: str
-) -> None:
+def test_pre_send_outcomes_in_order_of_precedence(changes: dict[str, Any], expected: str) -> None:
     assert outcome(**changes) == expected
 
 
@@ -61,7 +60,7 @@ def test_push_opt_out_does_not_stop_in_app_messages() -> None:
 
 
 def test_targets_read_from_the_database(session: Session, org: Org) -> None:
-    devices = {
+    devices: dict[str, dict[str, Any]] = {
         "ok": {},
         "unregistered": {"unregistered_at": NOW},
         "uninstalled": {"uninstalled_at": NOW},
@@ -70,7 +69,7 @@ def test_targets_read_from_the_database(session: Session, org: Org) -> None:
         "no-token": {"push_token": None},
     }
     for name, changes in devices.items():
-        fields: dict[str, object] = {"push_token": f"t-{name}", **changes}
+        fields: dict[str, Any] = {"push_token": f"t-{name}", **changes}
         session.add(Device(app_id=org.app_id, device_id=name, user_id=f"u-{name}", **fields))
     session.add(Device(app_id=org.app_id, device_id="ok-2", user_id="u-ok", push_token="t-2"))
     session.commit()

@@ -26,7 +26,7 @@ from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.store.files import Storage
-from campaign_trigger.store.models import App, Device, Outcome, Platform
+from campaign_trigger.store.models import App, Channel, Device, Outcome, Platform
 from service_support import Org
 from support import free_port
 
@@ -158,7 +158,7 @@ def test_a_rerun_sends_only_what_was_not_recorded(
             app_id=org.app_id,
             user_id="u1",
             device_id="d-u1",
-            channel="push",
+            channel=Channel.push,
             error_message="",
         )
     )

@@ -192,7 +192,7 @@ def test_variables_named_like_model_attributes(storage: Storage) -> None:
 
 
 _TEXT = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
     max_size=30,
 )
 

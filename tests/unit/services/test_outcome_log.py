@@ -7,6 +7,7 @@ import asyncio
 import threading
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import event
@@ -105,7 +106,7 @@ def test_a_chunk_looks_up_its_own_rows_of_the_log_not_the_whole_request(
             rows
         )
     )
-    statements: list[tuple[str, object]] = []
+    statements: list[tuple[str, Any]] = []
 
     def seen(
         _conn: object, _cursor: object, statement: str, parameters: object, *_: object

@@ -41,7 +41,11 @@ def test_values_are_never_evaluated() -> None:
 
 def test_a_column_renders_like_one_by_one() -> None:
     table = pa.table({"a": ["x", None, "=1"], "b": ["1", "2", "3"]})
-    rows = [{"a": "x", "b": "1"}, {"a": None, "b": "2"}, {"a": "=1", "b": "3"}]
+    rows: list[dict[str, str | None]] = [
+        {"a": "x", "b": "1"},
+        {"a": None, "b": "2"},
+        {"a": "=1", "b": "3"},
+    ]
     template = "<{{a}}-{{ b }}-{{ missing }}>"
     assert render_column(template, table) == [compile_template(template).render(r) for r in rows]
 

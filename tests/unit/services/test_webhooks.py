@@ -294,11 +294,10 @@ def test_settled_events_are_forgotten_after_the_retention_period(
     rows[old].created_at, rows[old].next_attempt_at = long_ago, None
     rows[pending].created_at = long_ago  # still to be tried: kept
     rows[recent].next_attempt_at = None
-    assert rows[old].id is not None
+    old_id = rows[old].id
+    assert old_id is not None
     session.add(
-        WebhookAttempt(
-            delivery_id=rows[old].id, attempted_at=long_ago, status_code=200, duration_ms=1
-        )
+        WebhookAttempt(delivery_id=old_id, attempted_at=long_ago, status_code=200, duration_ms=1)
     )
     session.commit()
     before = datetime.now(UTC) - timedelta(days=30)
