@@ -168,6 +168,30 @@ async def test_a_sweep_looks_at_once_then_when_woken_not_only_at_its_pace(
     await asyncio.wait_for(loop, timeout=5)
 
 
+async def test_a_look_an_event_woke_is_made_once_more_a_moment_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The event can reach the worker before the server reads back the state it
+    announced: the look it woke is repeated ``AGAIN_SECONDS`` later, once."""
+    monkeypatch.setattr(upkeep, "get_client", _NoClient)
+    monkeypatch.setattr(upkeep, "AGAIN_SECONDS", 0.1)
+    stop, woken = asyncio.Event(), asyncio.Event()
+    looked: list[float] = []
+
+    async def step(client: object) -> None:
+        looked.append(time.monotonic())
+
+    loop = asyncio.create_task(upkeep.every(lambda: 3600.0, stop, "test", step, woken=woken))
+    await asyncio.sleep(0.3)
+    assert len(looked) == 1  # at once; not woken: no repeat
+    woken.set()
+    await asyncio.sleep(0.5)
+    assert len(looked) == 3  # woken, then once more, then nothing for an hour
+    assert looked[2] - looked[1] >= 0.1
+    stop.set()
+    await asyncio.wait_for(loop, timeout=5)
+
+
 class _NoClient:
     async def __aenter__(self) -> object:
         return object()
