@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from prefect import get_client
@@ -24,6 +25,7 @@ from prefect.events.clients import get_events_subscriber
 from sqlalchemy import insert
 
 from campaign_trigger.deployments import upkeep, wakeup
+from campaign_trigger.deployments.worker import DeliveryWorker
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -356,3 +358,9 @@ def sweeps_on_events_only(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
 
     monkeypatch.setattr(wakeup, "get_events_subscriber", noted)
     return subscribed
+
+
+def run_slots(worker: DeliveryWorker) -> anyio.CapacityLimiter:
+    """A worker's run slots (set by the test that made the worker)."""
+    assert worker._limiter is not None
+    return worker._limiter

@@ -15,6 +15,7 @@ from prefect.workers.base import BaseWorker
 
 from campaign_trigger.deployments.worker import DeliveryWorker
 from campaign_trigger.flows.fan_out import ShareSlots
+from delivery_support import run_slots
 
 
 class Queue:
@@ -31,12 +32,6 @@ class Queue:
 
     def free_place(self, run_id: uuid.UUID) -> None:
         pass
-
-
-def _slots(worker: DeliveryWorker) -> anyio.CapacityLimiter:
-    """The worker's run slots (made by each test's worker)."""
-    assert worker._limiter is not None
-    return worker._limiter
 
 
 async def test_a_share_hands_on_when_its_last_chunk_starts_and_chunks_never_overlap() -> None:
@@ -91,7 +86,7 @@ async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
     worker = DeliveryWorker(concurrency=1, queue="chunks")
     worker._limiter = anyio.CapacityLimiter(1)
     share = uuid.uuid4()
-    _slots(worker).acquire_on_behalf_of_nowait(share)
+    run_slots(worker).acquire_on_behalf_of_nowait(share)
     worker._polled = time.monotonic()
     assert not worker.worth_polling()  # its only slot is taken
     polled = asyncio.Event()
@@ -105,9 +100,9 @@ async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
         worker._runs_task_group = group
         worker.hand_on(share)
         await asyncio.wait_for(polled.wait(), timeout=5)
-    assert _slots(worker).available_tokens == 1
+    assert run_slots(worker).available_tokens == 1
     worker._release_limit_slot(share)  # the run's end releases again: nothing happens
-    assert _slots(worker).available_tokens == 1
+    assert run_slots(worker).available_tokens == 1
 
 
 def _chunks_worker(slots: int) -> DeliveryWorker:
@@ -128,7 +123,7 @@ async def test_a_requests_own_share_holds_a_place_in_the_chunks_queue_until_its_
     polls: list[float] = []
 
     async def poll(self: DeliveryWorker) -> list[object]:
-        polls.append(_slots(worker).available_tokens)
+        polls.append(run_slots(worker).available_tokens)
         return []
 
     monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
@@ -138,22 +133,22 @@ async def test_a_requests_own_share_holds_a_place_in_the_chunks_queue_until_its_
         with slots.own_share(request_run):
             async with slots.chunk(request_run, last=False):
                 assert not worker.worth_polling()  # its only place is the request's
-                assert _slots(worker).available_tokens == 0
+                assert run_slots(worker).available_tokens == 0
             async with slots.chunk(request_run, last=True):
                 await asyncio.sleep(0.01)
                 assert polls == [1]  # handed on: the next share is claimed during it
-    assert _slots(worker).available_tokens == 1
+    assert run_slots(worker).available_tokens == 1
 
 
 async def test_an_own_share_takes_no_place_already_held_and_frees_its_own_at_its_end() -> None:
     worker = _chunks_worker(2)
     slots = ShareSlots(2, worker)
     share_run, request_run, other_request = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    _slots(worker).acquire_on_behalf_of_nowait(share_run)
+    run_slots(worker).acquire_on_behalf_of_nowait(share_run)
     with slots.own_share(request_run):
         with slots.own_share(other_request):  # no place left: it delivers without one
-            assert _slots(worker).available_tokens == 0
-        assert _slots(worker).available_tokens == 0  # the share run's is still held
-    assert _slots(worker).available_tokens == 1  # its end freed its own (an early failure too)
+            assert run_slots(worker).available_tokens == 0
+        assert run_slots(worker).available_tokens == 0  # the share run's is still held
+    assert run_slots(worker).available_tokens == 1  # its end freed its own (an early failure too)
     worker._release_limit_slot(share_run)
-    assert _slots(worker).available_tokens == 2
+    assert run_slots(worker).available_tokens == 2

@@ -22,19 +22,14 @@ from campaign_trigger.deployments import upkeep
 from campaign_trigger.deployments.catalog import DELIVERY_POOL
 from campaign_trigger.deployments.wakeup import dispatch, queue_of
 from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWorker
-
-
-def _slots(worker: DeliveryWorker) -> anyio.CapacityLimiter:
-    """The worker's run slots (made by each test's worker)."""
-    assert worker._limiter is not None
-    return worker._limiter
+from delivery_support import run_slots
 
 
 def _polled_a_tick_ago(*, slots: int = 2, taken: int = 0) -> DeliveryWorker:
     worker = DeliveryWorker(concurrency=slots, queue="chunks", idle_poll_factor=4)
     worker._limiter = anyio.CapacityLimiter(slots)
     for n in range(taken):
-        _slots(worker).acquire_on_behalf_of_nowait(n)
+        run_slots(worker).acquire_on_behalf_of_nowait(n)
     worker._polled = time.monotonic() - worker.wake_gap  # ticks are that far apart at least
     return worker
 
@@ -69,7 +64,7 @@ async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_id
     worker = _polled_a_tick_ago(taken=2)
     worker.wake()
     assert not worker.worth_polling()  # every slot taken: it stays woken
-    _slots(worker).release_on_behalf_of(0)
+    run_slots(worker).release_on_behalf_of(0)
     polled: list[DeliveryWorker] = []
 
     async def poll(self: DeliveryWorker) -> list[object]:
@@ -246,7 +241,7 @@ async def test_a_wake_polls_at_once_or_once_the_last_poll_is_a_gap_old(
         assert len(polled) == 3  # the wake was used up: no second poll
 
         worker._polled -= 2.0
-        _slots(worker).acquire_on_behalf_of_nowait("the last slot")
+        run_slots(worker).acquire_on_behalf_of_nowait("the last slot")
         worker.wake()  # every slot taken: nothing could be claimed
         await asyncio.sleep(0.2)
         assert len(polled) == 3
@@ -264,12 +259,12 @@ async def test_a_run_ending_polls_for_a_run_scheduled_while_every_slot_was_taken
     ending, other = uuid.uuid4(), uuid.uuid4()
     async with anyio.create_task_group() as group:
         worker._runs_task_group = group
-        _slots(worker).acquire_on_behalf_of_nowait(ending)
+        run_slots(worker).acquire_on_behalf_of_nowait(ending)
         await worker._execute(FlowRun(id=ending, flow_id=uuid.uuid4()))
         await asyncio.sleep(0.1)
         assert polled == []  # nothing was scheduled meanwhile: no poll
 
-        _slots(worker).acquire_on_behalf_of_nowait(other)
+        run_slots(worker).acquire_on_behalf_of_nowait(other)
         worker.wake()  # every slot taken: it stays woken
         await asyncio.sleep(0.1)
         assert polled == []
