@@ -34,7 +34,14 @@ runs), between the other two phases: two identical references in two processes, 
 difference is the run's own resolution (nothing differs between them but their
 processes and the moment each ran).
 
-Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3] [--control]``;
+``--pin`` runs this process and the worker on one CPU, the Prefect server and nginx on the
+other (:func:`harness.pin_apart`): what the worker's flow path costs the chunks when the
+server does not take turns with them on the cores, as with a server of its own. On the
+2-core machine a run's rounds then scatter about half as much (27 Nov: 5 to 7 points
+between a run's lowest and highest round, against 12).
+
+Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 3] [--control]
+[--pin]``;
 ``--chunks 40`` measures the fan-out path (4 shares of 10; with the worker's one chunk
 slot the request's run delivers the first three itself and offers the last, which the
 worker claims as a share run while the request's own last chunk is sent).
@@ -61,6 +68,7 @@ from harness import (
     create_csv_request,
     csv_bytes,
     nginx_responder,
+    pin_apart,
     private_stack,
     request_run_id,
     result,
@@ -250,6 +258,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chunk-concurrency", type=int, default=1)
     parser.add_argument("--control", action="store_true")
+    parser.add_argument("--pin", action="store_true")
     parser.add_argument("--serve-reference", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_reference is not None:
@@ -270,6 +279,11 @@ def main() -> None:
         # The reference requests are claimed before any worker runs, so no worker ever
         # makes them a flow run.
         references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds)]
+        if args.pin:  # before the control and the worker start: they inherit this CPU
+            print(
+                f"pinned: this process and the worker on CPU 0, the server and nginx on "
+                f"{sorted(pin_apart(0))}"
+            )
         control = (
             Control([create_csv_request(audience, content) for _ in range(args.rounds)])
             if args.control

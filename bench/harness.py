@@ -9,6 +9,8 @@
 * :func:`seed_audience`, :func:`create_csv_request`: users with one Android device each,
   and a CSV request of them through the service the API calls.
 * :class:`Worker`: a ``campaign-trigger worker`` process whose RSS is sampled.
+* :func:`pin_apart`: this process and what it starts next on one CPU, the stack's
+  Prefect server and nginx on the others.
 * :func:`result`: the one ``RESULT | ...`` line every benchmark prints per target it
   measures (figure, same-run reference, ratio, target, verdict); ``run_all.py`` collects
   them into its summary.
@@ -28,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -411,6 +413,32 @@ def create_csv_request(audience: Audience, content: bytes) -> str:
             request_id=request_id,
             trigger=trigger,
         )
+
+
+def _pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (an affinity is a thread's own; the
+    threads a pinned thread starts inherit it)."""
+    with suppress(FileNotFoundError):  # a process that has just ended
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with suppress(OSError):  # a thread that has just ended
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def pin_apart(cpu: int = 0) -> set[int]:
+    """Pin this process (its threads, and the processes and threads it starts from now
+    on) to ``cpu``, and the stack's Prefect server and nginx (every process this one has
+    started so far, and a shared stack's server) to the other CPUs: the server's work for
+    the runs no longer takes turns on the cores with the process delivering, as on the
+    production layout's own server (docs/postgres-and-workers.md). Returns the others."""
+    others = os.sched_getaffinity(0) - {cpu}
+    if not others:
+        raise SystemExit("pinning apart needs at least two CPUs")
+    server = int(os.environ.get(PREFECT_PID, 0))
+    started = {child.pid for child in psutil.Process().children(recursive=True)}
+    for pid in started | ({server} if server else set()):
+        _pin_threads(pid, others)
+    _pin_threads(os.getpid(), {cpu})
+    return others
 
 
 class Worker:

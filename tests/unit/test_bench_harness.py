@@ -1,11 +1,12 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
-chunk path's idle time as ``chunk_overhead`` reads it from the task runs, and a worker's CPU
-between two moments from its samples."""
+chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a worker's CPU
+between two moments from its samples, and the processes pinned apart for ``--pin``."""
 
 from __future__ import annotations
 
 import http.server
+import os
 import subprocess
 import sys
 import threading
@@ -20,7 +21,15 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 from chunk_overhead import idle_seconds
-from harness import SHARED_STACK, Worker, knee_verdict, private_stack, report_links, result
+from harness import (
+    PREFECT_PID,
+    SHARED_STACK,
+    Worker,
+    knee_verdict,
+    private_stack,
+    report_links,
+    result,
+)
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
 
@@ -200,3 +209,47 @@ def test_a_worker_is_not_sampled_while_this_process_times_something() -> None:
         assert len(worker._cpu) > paused
     finally:
         worker.stop()
+
+
+PIN_APART = """
+import os, subprocess, sys, threading, time
+sys.path.append(sys.argv[1])
+from harness import pin_apart
+
+started = subprocess.Popen([sys.executable, "-c", "import threading, time\\n"
+    "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\\n"
+    "time.sleep(30)"])
+time.sleep(0.5)  # its second thread runs
+running = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+running.start()
+others = pin_apart(0)
+after = subprocess.Popen(["sleep", "30"])
+def affinities(pid):
+    return sorted({tuple(sorted(os.sched_getaffinity(int(tid))))
+                   for tid in os.listdir(f"/proc/{pid}/task")})
+print(sorted(others), affinities(started.pid), affinities(os.getpid()), affinities(after.pid))
+started.kill(); after.kill()
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity")
+    or len(os.sched_getaffinity(0)) < 2
+    or 0 not in os.sched_getaffinity(0),
+    reason="pinning apart needs two CPUs, CPU 0 among them",
+)
+def test_pinning_apart_puts_what_was_started_on_the_other_cpus_and_what_follows_on_one() -> None:
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    env = {k: v for k, v in os.environ.items() if k != PREFECT_PID}  # no stack's server
+    out = subprocess.run(
+        [sys.executable, "-c", PIN_APART, str(bench)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    others = sorted(os.sched_getaffinity(0) - {0})
+    # the child started before (both its threads), this process (both its threads), the
+    # child started after
+    assert out.split() == [str(others), str([tuple(others)]), "[(0,)]", "[(0,)]"]
