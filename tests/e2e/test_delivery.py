@@ -327,15 +327,20 @@ async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_withou
 ) -> None:
     """SIGSTOP in the middle of a chunk, between two writes: the run is marked dead and a
     new worker completes it, as after a kill. Then SIGCONT: the frozen worker still holds
-    the run and its chunk in memory, and exits before it sends one more message
-    (delivery/freeze.py) instead of sending the rest of its chunk a second time."""
+    the run and its chunk in memory, and exits before it begins one more send
+    (delivery/freeze.py) instead of sending the rest of its chunk a second time.
+
+    At most one message goes out as it thaws: the HTTP/1.1 request the freeze may have
+    caught between its transport's check and its write (the event loop is in one place
+    at a time; seen once in many runs, 27 Nov). It was in flight at the freeze; unfenced,
+    the rest of the chunk went (2,620 messages)."""
     frozen = await _frozen_mid_chunk(start_worker, sandbox, writing=False)
     await _taken_over(start_worker, sandbox, frozen, env=FREEZE_ENV)
     sent = len(sandbox.state.deliveries)
     frozen.worker.thaw()
     await asyncio.sleep(3.0)  # what it would send goes out at once
     again = len(sandbox.state.deliveries) - sent
-    assert again == 0, f"{again} sent after the thaw:\n{frozen.worker.log_tail()}"
+    assert again <= 1, f"{again} sent after the thaw:\n{frozen.worker.log_tail()}"
     _exited_as_frozen(frozen.worker)
 
 
