@@ -20,6 +20,7 @@ import pytest
 # (appended: nothing installed is shadowed).
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
+import harness
 from chunk_overhead import idle_seconds
 from harness import (
     PREFECT_PID,
@@ -239,10 +240,9 @@ started.kill(); after.kill()
     reason="pinning apart needs two CPUs, CPU 0 among them",
 )
 def test_pinning_apart_puts_what_was_started_on_the_other_cpus_and_what_follows_on_one() -> None:
-    bench = Path(__file__).resolve().parents[2] / "bench"
     env = {k: v for k, v in os.environ.items() if k != PREFECT_PID}  # no stack's server
     out = subprocess.run(
-        [sys.executable, "-c", PIN_APART, str(bench)],
+        [sys.executable, "-c", PIN_APART, str(Path(harness.__file__).parent)],
         env=env,
         capture_output=True,
         text=True,
