@@ -29,7 +29,7 @@ from campaign_trigger.delivery import freeze
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.models import DeliveredChunk, Outcome
+from campaign_trigger.store.models import DeliveredChunk, Outcome, Platform
 from delivery_support import (
     DeviceSpec,
     Tenant,
@@ -156,6 +156,7 @@ class Killed:
     worker: ManagedProcess
     request_id: str
     tenant: Tenant
+    app_id: str  # the app every user has one device of
     users: list[str]
     tokens: list[str]  # one device each
     chunks: int  # complete chunks
@@ -180,8 +181,10 @@ async def _killed_mid_chunk(
     latency_ms: float = 0,
     halt: Callable[[ManagedProcess], None] = ManagedProcess.kill,
     hold: bool = True,
+    platform: Platform = Platform.android,
 ) -> Killed:
-    """A send-now request of ``KILL_USERS`` (one Android device each) to a worker started
+    """A send-now request of ``KILL_USERS`` (one device each, of ``platform``'s app: FCM
+    over HTTP/1.1, or APNs over HTTP/2, many streams to a connection) to a worker started
     with ``options`` and ``env``, SIGKILLed (or else ``halt``-ed) once the sandbox got
     ``kill_at`` of its messages (and, if given, ``until(request_id)`` holds) and then one
     more, whose answer it holds back ``HOLD_MS`` (at once, not holding, unless ``hold``).
@@ -196,8 +199,9 @@ async def _killed_mid_chunk(
     tenant = seed_tenant()
     prefix = f"kill-{uuid.uuid4().hex[:6]}"
     users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
-    add_devices([DeviceSpec(tenant.android, f"{u}-a", u, f"{u}-ta") for u in users])
-    tokens = [f"{u}-ta" for u in users]
+    app_id = tenant.android if platform is Platform.android else tenant.ios
+    tokens = [f"{u}-t{platform.value[0]}" for u in users]
+    add_devices([DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)])
     rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
     request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=chunk_size)
     notify_new_request(request_id)
@@ -227,7 +231,7 @@ async def _killed_mid_chunk(
         sandbox.state.configure(latency_ms=latency)
     chunks, recorded = _recorded(request_id)
     delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
-    killed = Killed(worker, request_id, tenant, users, tokens, chunks, recorded, delivered)
+    killed = Killed(worker, request_id, tenant, app_id, users, tokens, chunks, recorded, delivered)
     assert killed.in_flight > 0, "the kill did not catch any send in flight"
     assert killed.in_flight <= KILL_CONCURRENCY
     return killed
@@ -266,23 +270,29 @@ async def _completed_once(sandbox: Sandbox, killed: Killed) -> None:
         f"killed with {killed.recorded} recorded and {killed.delivered} delivered "
         f"({killed.in_flight} in flight); {len(doubled)} devices got it twice"
     )
-    report = read_report(killed.request_id)[killed.tenant.android]
+    report = read_report(killed.request_id)[killed.app_id]
     assert sorted(r["user_id"] for r in report) == sorted(killed.users)
     assert {r["error_message"] for r in report} == {""}
 
 
+@pytest.mark.parametrize("platform", [Platform.android, Platform.ios])
 async def test_a_worker_killed_mid_chunk_resends_at_most_the_messages_in_flight(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
+    platform: Platform,
 ) -> None:
     """SIGKILL in the middle of a chunk, while sends are in flight; a new worker takes over.
+    Over HTTP/1.1 (FCM) and over HTTP/2 (APNs: the messages in flight are streams of a
+    few connections).
 
     Counted at the sandbox: nobody is missing, at most ``delivery_concurrency`` devices
     got the message twice, and each second copy carried the first one's collapse id.
     """
     env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
     # Kill inside the second chunk (rows 5,000-9,999), at full speed.
-    killed = await _killed_mid_chunk(start_worker, sandbox, env=env, chunk_size=5000, kill_at=7_300)
+    killed = await _killed_mid_chunk(
+        start_worker, sandbox, env=env, chunk_size=5000, kill_at=7_300, platform=platform
+    )
     assert killed.chunks == 1, killed.chunks  # the first chunk complete, the second one under way
     assert 5_000 < killed.recorded < 10_000, killed.recorded
     await _taken_over(start_worker, sandbox, killed, env=env)
@@ -303,7 +313,11 @@ FREEZE_ENV = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
 
 
 async def _frozen_mid_chunk(
-    start_worker: WorkerFactory, sandbox: Sandbox, *, writing: bool
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+    *,
+    writing: bool,
+    platform: Platform = Platform.android,
 ) -> Killed:
     """A worker frozen in its request's second or third chunk, holding the write lock or not."""
     frozen = await _killed_mid_chunk(
@@ -314,6 +328,7 @@ async def _frozen_mid_chunk(
         kill_at=7_300,
         halt=functools.partial(_in_a_write, writing=writing),
         hold=not writing,
+        platform=platform,
     )
     # A chunk complete and a later one under way (of four): freezing only while the lock
     # is held (or not) may take retries that carry it from the second chunk into the third.
@@ -321,20 +336,23 @@ async def _frozen_mid_chunk(
     return frozen
 
 
+@pytest.mark.parametrize("platform", [Platform.android, Platform.ios])
 async def test_a_frozen_worker_whose_run_was_taken_over_exits_as_it_thaws_without_sending(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
+    platform: Platform,
 ) -> None:
     """SIGSTOP in the middle of a chunk, between two writes: the run is marked dead and a
     new worker completes it, as after a kill. Then SIGCONT: the frozen worker still holds
     the run and its chunk in memory, and exits before it begins one more send
     (delivery/freeze.py) instead of sending the rest of its chunk a second time.
 
-    At most one message goes out as it thaws: the HTTP/1.1 request the freeze may have
-    caught between its transport's check and its write (the event loop is in one place
-    at a time; seen once in many runs, 27 Nov). It was in flight at the freeze; unfenced,
-    the rest of the chunk went (2,620 messages)."""
-    frozen = await _frozen_mid_chunk(start_worker, sandbox, writing=False)
+    At most one message goes out as it thaws: the request the freeze may have caught
+    between its transport's check and its write (over HTTP/1.1 seen once in many runs,
+    27 Nov). It was in flight at the freeze; unfenced, the rest of the chunk went (2,620
+    messages). Over HTTP/2 libcurl writes many streams in one turn: before each body
+    was read through a check, 6 and 36 messages went out in two runs of five (28 Nov)."""
+    frozen = await _frozen_mid_chunk(start_worker, sandbox, writing=False, platform=platform)
     await _taken_over(start_worker, sandbox, frozen, env=FREEZE_ENV)
     sent = len(sandbox.state.deliveries)
     frozen.worker.thaw()

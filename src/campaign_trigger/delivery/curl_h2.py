@@ -13,6 +13,13 @@ the old connection. A stream that fails otherwise (connection lost, reset, timeo
 is a :class:`~campaign_trigger.delivery.sending.TransportError` or a
 :class:`TimeoutError`, which the caller retries with backoff like any transient error.
 
+Freezes: libcurl writes the streams of many requests in one of its turns, in C. A
+worker frozen in the middle of that turn (``delivery/freeze.py``) would let the rest of
+them out as it resumes, after its runs were taken over: so each request's body is
+handed to libcurl by a read callback that checks for a freeze first (:class:`_Body`),
+right before that stream's body is written, and a request libcurl has not read is not
+sent. A freeze caught after the check lets at most that one stream out.
+
 Stream limit: libcurl respects the server's ``SETTINGS_MAX_CONCURRENT_STREAMS`` once
 it has it, but assumes 100 on a new connection before; so the pool's first request goes
 alone, and the burst follows once the server's limit is known.
@@ -48,6 +55,32 @@ class CurlResponse:
 
 
 Tag = TypeVar("Tag")
+
+_SEEK_SET, _SEEK_OK, _SEEK_FAIL = 0, 0, 1  # CURL_SEEKFUNC_OK, CURL_SEEKFUNC_FAIL
+
+
+class _Body:
+    """A handle's request body, read by libcurl as it writes the stream: one per handle,
+    kept with it (nothing per request for the garbage collector). ``seek`` lets libcurl
+    send the body again (a stream a GOAWAY left unprocessed goes again on a new
+    connection)."""
+
+    __slots__ = ("data", "sent")
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.sent = 0
+
+    def read(self, size: int) -> bytes:
+        freeze.check()  # this stream is about to go: not after a freeze too long
+        start, self.sent = self.sent, min(self.sent + size, len(self.data))
+        return self.data[start : self.sent]  # the body itself when whole (no copy)
+
+    def seek(self, offset: int, origin: int) -> int:
+        if origin != _SEEK_SET or not 0 <= offset <= len(self.data):
+            return _SEEK_FAIL
+        self.sent = offset
+        return _SEEK_OK
 
 
 def http2_supported() -> bool:
@@ -86,6 +119,7 @@ class CurlPool:
         self._free: list[pycurl.Curl] = []
         self._active: dict[pycurl.Curl, tuple[Any, Any]] = {}  # handle → its done, tag
         self._bodies: dict[pycurl.Curl, list[bytes]] = {}  # handle → its answer's chunks
+        self._requests: dict[pycurl.Curl, _Body] = {}  # handle → its request's body
         self._watched: dict[int, int] = {}  # fd → the events the loop watches it for
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._closed = False
@@ -173,6 +207,10 @@ class CurlPool:
         chunks: list[bytes] = []
         self._bodies[easy] = chunks
         easy.setopt(pycurl.WRITEFUNCTION, chunks.append)
+        request = self._requests[easy] = _Body()
+        easy.setopt(pycurl.POST, 1)
+        easy.setopt(pycurl.READFUNCTION, request.read)
+        easy.setopt(pycurl.SEEKFUNCTION, request.seek)
         easy.setopt(pycurl.NOSIGNAL, 1)
         easy.setopt(pycurl.PIPEWAIT, 1)  # wait for a multiplexed stream, not a new connection
         easy.setopt(pycurl.TIMEOUT_MS, self._timeout_ms)
@@ -238,7 +276,9 @@ class CurlPool:
         easy = self._easy()
         easy.setopt(pycurl.URL, self._base + path)
         easy.setopt(pycurl.HTTPHEADER, headers)
-        easy.setopt(pycurl.POSTFIELDS, body)
+        request = self._requests[easy]
+        request.data, request.sent = body, 0
+        easy.setopt(pycurl.POSTFIELDSIZE, len(body))
         self._active[easy] = (done, tag)
         self._multi.add_handle(easy)
 
@@ -257,6 +297,7 @@ class CurlPool:
             easy.close()
         self._free.clear()
         self._bodies.clear()
+        self._requests.clear()
         self._multi.close()
         if self._loop is not None:
             for fd in self._watched:
