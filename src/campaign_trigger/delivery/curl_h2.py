@@ -18,7 +18,8 @@ worker frozen in the middle of that turn (``delivery/freeze.py``) would let the 
 them out as it resumes, after its runs were taken over: so each request's body is
 handed to libcurl by a read callback that checks for a freeze first (:class:`_Body`),
 right before that stream's body is written, and a request libcurl has not read is not
-sent. A freeze caught after the check lets at most that one stream out.
+sent. A freeze caught after a check lets out what libcurl had taken and not yet written:
+that one stream, as a rule.
 
 Stream limit: libcurl respects the server's ``SETTINGS_MAX_CONCURRENT_STREAMS`` once
 it has it, but assumes 100 on a new connection before; so the pool's first request goes

@@ -16,9 +16,9 @@ makes, a token's or a new connection's, so a send frozen in one of them is stopp
 too), finding the last tick that old. Either way the process exits at once
 (:data:`EXIT_CODE`), before another write begins (a write the freeze caught between its
 check and the socket still goes out as the process resumes: one request over HTTP/1.1,
-one stream over HTTP/2 on libcurl, whose turn writes many but reads each body through a
-check (``curl_h2``), the frames of one write on the ``h2`` fallback; in flight at the
-freeze); its supervisor
+over HTTP/2 on libcurl the streams whose bodies it had taken and not yet written, one as
+a rule (its turn writes many, but takes each body through a check: ``curl_h2``), the
+frames of one write on the ``h2`` fallback; in flight at the freeze); its supervisor
 (``campaign-trigger up``, systemd, Kubernetes) starts it again, and its runs are taken
 over as a killed worker's are: at most the messages in flight when it froze go twice.
 An idle process (no run) that was frozen goes on. The check costs a send ~0.15 µs.
