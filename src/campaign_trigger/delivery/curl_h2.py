@@ -57,7 +57,7 @@ class CurlResponse:
 
 Tag = TypeVar("Tag")
 
-_SEEK_SET, _SEEK_OK, _SEEK_FAIL = 0, 0, 1  # CURL_SEEKFUNC_OK, CURL_SEEKFUNC_FAIL
+_SEEK_SET, _SEEK_OK, _SEEK_FAIL = 0, 0, 1  # SEEK_SET; CURL_SEEKFUNC_OK, CURL_SEEKFUNC_FAIL
 
 
 class _Body:
