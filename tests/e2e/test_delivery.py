@@ -200,7 +200,7 @@ async def _killed_mid_chunk(
     prefix = f"kill-{uuid.uuid4().hex[:6]}"
     users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
     app_id = tenant.android if platform is Platform.android else tenant.ios
-    tokens = [f"{u}-t{platform.value[0]}" for u in users]
+    tokens = [f"{u}-{platform.value}" for u in users]
     add_devices([DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)])
     rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
     request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=chunk_size)

@@ -6,6 +6,7 @@ between two moments from its samples, and the processes pinned apart for ``--pin
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -213,7 +214,7 @@ def test_a_worker_is_not_sampled_while_this_process_times_something() -> None:
 
 
 PIN_APART = """
-import os, subprocess, sys, threading, time
+import json, os, subprocess, sys, threading, time
 sys.path.append(sys.argv[1])
 from harness import pin_apart
 
@@ -228,8 +229,11 @@ after = subprocess.Popen(["sleep", "30"])
 def affinities(pid):
     return sorted({tuple(sorted(os.sched_getaffinity(int(tid))))
                    for tid in os.listdir(f"/proc/{pid}/task")})
-print(sorted(others), affinities(started.pid), affinities(os.getpid()), affinities(after.pid))
-started.kill(); after.kill()
+try:
+    print(json.dumps([sorted(others), affinities(started.pid), affinities(os.getpid()),
+                      affinities(after.pid)]))
+finally:
+    started.kill(); after.kill()
 """
 
 
@@ -252,4 +256,4 @@ def test_pinning_apart_puts_what_was_started_on_the_other_cpus_and_what_follows_
     others = sorted(os.sched_getaffinity(0) - {0})
     # the child started before (both its threads), this process (both its threads), the
     # child started after
-    assert out.split() == [str(others), str([tuple(others)]), "[(0,)]", "[(0,)]"]
+    assert json.loads(out) == [others, [others], [[0]], [[0]]]
