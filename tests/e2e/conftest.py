@@ -109,12 +109,16 @@ async def end_leftover_runs() -> None:
         StateType.PAUSED,
     ]
     async with get_client() as client:
-        runs = await prefect_runs.runs_in_states(client, states=unfinished)
-        runs += await prefect_runs.runs_in_states(
-            client, states=[StateType.CRASHED], names=[prefect_runs.DEAD_RUN_STATE_NAME]
-        )
-        for run in runs:
-            print(f"cancelling run {run.name} ({run.state_name}), left by the test")
-            await client.set_flow_run_state(
-                run.id, Cancelled(message="left by an e2e test"), force=True
-            )
+        # A page at a time (tests without a worker leave runs scheduled ahead: the session
+        # gathers more than a page); a cancelled run leaves the filter.
+        while runs := [
+            *await prefect_runs.runs_in_states(client, states=unfinished),
+            *await prefect_runs.runs_in_states(
+                client, states=[StateType.CRASHED], names=[prefect_runs.DEAD_RUN_STATE_NAME]
+            ),
+        ]:
+            for run in runs:
+                print(f"cancelling run {run.name} ({run.state_name}), left by the test")
+                await client.set_flow_run_state(
+                    run.id, Cancelled(message="left by an e2e test"), force=True
+                )
