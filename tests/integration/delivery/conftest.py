@@ -150,7 +150,13 @@ class _GoawayProtocol(asyncio.Protocol):
         transport.write(self.h2.data_to_send())
 
     def data_received(self, data: bytes) -> None:
-        for event in self.h2.receive_data(data):
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            if self.gone:  # frames the client sent before it read the GOAWAY: ignored
+                return  # (RFC 9113 §6.8), as h2 refuses them once its side is closed
+            raise
+        for event in events:
             if isinstance(event, h2.events.RequestReceived):
                 self.paths[event.stream_id] = dict(event.headers)[b":path"].decode()
             elif isinstance(event, h2.events.DataReceived):
