@@ -22,6 +22,20 @@ frames of one write on the ``h2`` fallback; in flight at the freeze); its superv
 (``campaign-trigger up``, systemd, Kubernetes) starts it again, and its runs are taken
 over as a killed worker's are: at most the messages in flight when it froze go twice.
 An idle process (no run) that was frozen goes on. The check costs a send ~0.15 µs.
+
+A process need not be frozen to lose its runs: one cut off from Prefect (a network
+partition, the server down or overloaded) while it can still reach the database and the
+providers goes on sending as its heartbeats stop reaching the server, which then marks
+its runs dead and hands them to another worker: both would send the same messages.
+Hence the **lease**: the worker sends its runs' heartbeats itself
+(``deployments/heartbeats.py``), and each one the server answered renews the process's
+lease from the moment it was sent (so does a claim: a run's Pending state is a sign of
+life too). A process holding runs whose lease is older than :func:`lease_seconds` (half
+the time after which a run without a heartbeat is marked dead) exits, like a frozen
+one: found out by a write's :func:`check` or by the watch's thread, whichever comes
+first. The other half is the margin for the two clocks (the server dates a heartbeat by
+the worker's) and for the exit. A freeze is one way of losing the lease; the freeze
+threshold only finds it out sooner.
 """
 
 from __future__ import annotations
@@ -37,7 +51,6 @@ logger = logging.getLogger(__name__)
 
 EXIT_CODE = 75  # EX_TEMPFAIL: start it again
 TICK_SECONDS = 0.5
-RUN_HEARTBEAT_SECONDS = 30  # a worker's runs' heartbeats (Prefect's minimum)
 
 
 def _boot_clock() -> float:
@@ -55,50 +68,95 @@ def threshold_seconds(*, dead_after: float, heartbeat_seconds: float) -> float:
     return max(dead_after - heartbeat_seconds, 2 * TICK_SECONDS) / 2
 
 
+def lease_seconds(dead_after: float) -> float:
+    """How long after its runs' last heartbeat the server answered a worker process
+    may still send: half of ``dead_after``, the time without one after which a run is
+    marked dead."""
+    return dead_after / 2
+
+
+def run_heartbeat_seconds(dead_after: float) -> float:
+    """Seconds between a worker's heartbeats for its runs: four to a lease, so that
+    three lost in a row do not end it."""
+    return lease_seconds(dead_after) / 4
+
+
 def worker_threshold_seconds(dead_after: float) -> float:
     """The freeze a worker process exits after, its runs sending heartbeats every
-    :data:`RUN_HEARTBEAT_SECONDS` and marked dead after ``dead_after`` without one."""
-    return threshold_seconds(dead_after=dead_after, heartbeat_seconds=RUN_HEARTBEAT_SECONDS)
-
-
-def _exit(frozen: float) -> None:
-    os.write(
-        2,
-        (
-            f"campaign-trigger: this process was frozen for {frozen:.1f} s, long enough for "
-            "its runs to be taken over by another worker: exiting before it sends again\n"
-        ).encode(),
+    :func:`run_heartbeat_seconds` and marked dead after ``dead_after`` without one."""
+    return threshold_seconds(
+        dead_after=dead_after, heartbeat_seconds=run_heartbeat_seconds(dead_after)
     )
+
+
+def _exit_saying(why: str) -> None:
+    os.write(2, f"campaign-trigger: {why}: exiting before it sends again\n".encode())
     os._exit(EXIT_CODE)
 
 
+def _exit(frozen: float) -> None:
+    _exit_saying(
+        f"this process was frozen for {frozen:.1f} s, long enough for its runs to be "
+        "taken over by another worker"
+    )
+
+
+def _exit_lapsed(silent: float) -> None:
+    _exit_saying(
+        f"no heartbeat of this process's runs has reached Prefect for {silent:.1f} s, "
+        "long enough for them to be taken over by another worker"
+    )
+
+
 class FreezeWatch:
-    """Finds out a freeze of ``threshold`` seconds or more; calls ``on_frozen`` (the
-    seconds frozen) from the thread if ``busy()`` (the process holds runs), or from
-    :meth:`check` (a send)."""
+    """Finds out a freeze of ``threshold`` seconds or more, and with a ``lease``, a
+    lease not renewed (:meth:`renew`) for longer than that; calls ``on_frozen`` (the
+    seconds frozen) or ``on_lapsed`` (the seconds since the lease's start) from the
+    thread if ``busy()`` (the process holds runs), or from :meth:`check` (a send)."""
 
     def __init__(
         self,
         threshold: float,
         *,
         busy: Callable[[], bool],
+        lease: float | None = None,
         on_frozen: Callable[[float], None] = _exit,
+        on_lapsed: Callable[[float], None] = _exit_lapsed,
         clock: Callable[[], float] = CLOCK,
     ) -> None:
         self.threshold = threshold
         self._stale = threshold + TICK_SECONDS  # the last tick's age after such a freeze
+        self.lease = lease
         self._busy = busy
         self._on_frozen = on_frozen
+        self._on_lapsed = on_lapsed
         self._clock = clock
-        self._tick = clock()
+        self._tick = self._renewed = clock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="freeze-watch", daemon=True)
 
+    def renew(self, sent_at: float) -> None:
+        """The server answered a sign of the runs' life sent at ``sent_at`` (this watch's
+        clock): the lease runs from then."""
+        self._renewed = max(self._renewed, sent_at)
+
+    def _lapsed(self, now: float) -> float | None:
+        """Seconds since the lease's start if it lapsed with runs held, else None."""
+        silent = now - self._renewed
+        if self.lease is not None and silent > self.lease and self._busy():
+            return silent
+        return None
+
     def check(self) -> None:
-        """Before a write: the process must not have been frozen since the last tick."""
-        age = self._clock() - self._tick
+        """Before a write: the process must not have been frozen since the last tick, nor
+        have sent runs' heartbeats that went unanswered for longer than its lease."""
+        now = self._clock()
+        age = now - self._tick
         if age >= self._stale:
             self._on_frozen(age - TICK_SECONDS)
+        silent = self._lapsed(now)
+        if silent is not None:
+            self._on_lapsed(silent)
 
     def _watch(self) -> None:
         while not self._stop.wait(TICK_SECONDS):
@@ -109,6 +167,10 @@ class FreezeWatch:
                     self._on_frozen(frozen)
                     return
                 logger.warning("this process was frozen for %.1f s (no run held)", frozen)
+            silent = self._lapsed(now)
+            if silent is not None:
+                self._on_lapsed(silent)
+                return
             self._tick = now
 
     @contextlib.contextmanager
@@ -131,7 +193,14 @@ _watches: list[FreezeWatch] = []
 
 
 def check() -> None:
-    """Before a transport writes: exits the process if it was frozen too long (nothing
-    outside a worker process, which alone runs a watch)."""
+    """Before a transport writes: exits the process if it was frozen too long, or its
+    lease lapsed (nothing outside a worker process, which alone runs a watch)."""
     if _watches:
         _watches[-1].check()
+
+
+def renew(sent_at: float) -> None:
+    """A sign of the process's runs' life sent at ``sent_at`` (:data:`CLOCK`) was
+    answered: every watch's lease runs from then."""
+    for watch in _watches:
+        watch.renew(sent_at)
