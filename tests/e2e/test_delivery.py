@@ -637,17 +637,20 @@ async def _dead_run_states(request_id: str) -> int:
     return sum(1 for s in states if s.name == prefect_runs.DEAD_RUN_STATE_NAME)
 
 
-async def test_a_worker_cut_off_from_prefect_stops_sending_before_its_run_is_taken_over(
+@pytest.mark.parametrize("platform", [Platform.android, Platform.ios])
+async def test_a_worker_cut_off_from_prefect_stops_before_its_run_is_taken_over_sending_none_twice(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
+    platform: Platform,
 ) -> None:
     """A worker that can reach the database and the provider but no longer Prefect (a
     network partition, the server down), in the middle of a chunk: its runs' heartbeats
     stop reaching the server, which marks the run dead and hands it to another worker.
     Unfenced, the cut-off worker went on with its chunk and the next ones beside the
     taker, both sending the same messages. Its lease (delivery/freeze.py) lapses first:
-    it exits before the run is marked dead, and the taker resends at most the messages it
-    had in flight.
+    it starts no new message, records the answers to those in flight, and exits before
+    the run can be marked dead; the taker sends the rest, and nobody gets it twice. Over
+    HTTP/1.1 to FCM and over HTTP/2 to APNs.
 
     The sandbox answers slowly from the cut on (``CUT_LATENCY_MS``), so that without the
     fence the worker would still be sending when the taker starts."""
@@ -659,9 +662,10 @@ async def test_a_worker_cut_off_from_prefect_stops_sending_before_its_run_is_tak
         tenant = seed_tenant()
         prefix = f"cut-{uuid.uuid4().hex[:6]}"
         users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
-        tokens = [f"{u}-and" for u in users]
+        app_id = tenant.android if platform is Platform.android else tenant.ios
+        tokens = [f"{u}-{platform.value}" for u in users]
         add_devices(
-            [DeviceSpec(tenant.android, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)]
+            [DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)]
         )
         rows = [
             {"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)
@@ -691,13 +695,12 @@ async def test_a_worker_cut_off_from_prefect_stops_sending_before_its_run_is_tak
             sandbox.state.configure(latency_ms=latency)
     chunks, recorded = _recorded(request_id)
     delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
-    cut_off = Killed(
-        worker, request_id, tenant, tenant.android, users, tokens, chunks, recorded, delivered
-    )
+    cut_off = Killed(worker, request_id, tenant, app_id, users, tokens, chunks, recorded, delivered)
     assert cut_off.recorded < KILL_USERS  # it stopped with messages left to send
-    assert 0 <= cut_off.in_flight <= KILL_CONCURRENCY
+    assert cut_off.in_flight == 0  # every message it sent has its answer recorded
     await _taken_over(start_worker, sandbox, cut_off, env=env)
     assert await _dead_run_states(request_id) == 1
+    assert set(sandbox.delivered(tokens).values()) == {1}
 
 
 async def test_a_run_that_outlasts_the_dead_run_limit_keeps_its_worker(

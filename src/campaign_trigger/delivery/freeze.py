@@ -30,12 +30,16 @@ its runs dead and hands them to another worker: both would send the same message
 Hence the **lease**: the worker sends its runs' heartbeats itself
 (``deployments/heartbeats.py``), and each one the server answered renews the process's
 lease from the moment it was sent (so does a claim: a run's Pending state is a sign of
-life too). A process holding runs whose lease is older than :func:`lease_seconds` (half
-the time after which a run without a heartbeat is marked dead) exits, like a frozen
-one: found out by a write's :func:`check` or by the watch's thread, whichever comes
-first. The other half is the margin for the two clocks (the server dates a heartbeat by
-the worker's) and for the exit. A freeze is one way of losing the lease; the freeze
-threshold only finds it out sooner.
+life too). Once the lease is older than :func:`lease_seconds` (half the time after which
+a run without a heartbeat is marked dead) in a process holding runs, the watch's thread
+sets :data:`FENCED` (within a tick): the senders start no new message, and the answers
+to those in flight are still recorded; :func:`fence_grace_seconds` later the process
+exits, like a frozen one, found out by a write's :func:`check` or by the thread,
+whichever comes first. What is left of ``dead_after`` is the margin for the two clocks
+(the server dates a heartbeat by the worker's). So a process cut off from Prefect stops
+with nothing sent and not recorded, unless a provider's answer takes longer than the
+grace. A freeze is one way of losing the lease; the freeze threshold only finds it out
+sooner, and a process that was frozen has no answers to wait for.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 EXIT_CODE = 75  # EX_TEMPFAIL: start it again
 TICK_SECONDS = 0.5
+FENCED = False
+"""True once the process's lease lapsed: no new message is to be sent (``sending.py``)."""
 
 
 def _boot_clock() -> float:
@@ -73,6 +79,12 @@ def lease_seconds(dead_after: float) -> float:
     may still send: half of ``dead_after``, the time without one after which a run is
     marked dead."""
     return dead_after / 2
+
+
+def fence_grace_seconds(dead_after: float) -> float:
+    """How long a process whose lease lapsed waits for the answers to the messages it
+    has in flight (sending no other) before it exits: an eighth of ``dead_after``."""
+    return dead_after / 8
 
 
 def run_heartbeat_seconds(dead_after: float) -> float:
@@ -120,6 +132,7 @@ class FreezeWatch:
         *,
         busy: Callable[[], bool],
         lease: float | None = None,
+        grace: float = 0.0,
         on_frozen: Callable[[float], None] = _exit,
         on_lapsed: Callable[[float], None] = _exit_lapsed,
         clock: Callable[[], float] = CLOCK,
@@ -127,11 +140,13 @@ class FreezeWatch:
         self.threshold = threshold
         self._stale = threshold + TICK_SECONDS  # the last tick's age after such a freeze
         self.lease = lease
+        self.grace = grace
         self._busy = busy
         self._on_frozen = on_frozen
         self._on_lapsed = on_lapsed
         self._clock = clock
         self._tick = self._renewed = clock()
+        self._fenced_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="freeze-watch", daemon=True)
 
@@ -140,21 +155,23 @@ class FreezeWatch:
         clock): the lease runs from then."""
         self._renewed = max(self._renewed, sent_at)
 
-    def _lapsed(self, now: float) -> float | None:
-        """Seconds since the lease's start if it lapsed with runs held, else None."""
+    def _lapsed(self, now: float, *, grace: float = 0.0) -> float | None:
+        """Seconds since the lease's start if it lapsed ``grace`` seconds ago or more
+        with runs held, else None."""
         silent = now - self._renewed
-        if self.lease is not None and silent > self.lease and self._busy():
+        if self.lease is not None and silent > self.lease + grace and self._busy():
             return silent
         return None
 
     def check(self) -> None:
         """Before a write: the process must not have been frozen since the last tick, nor
-        have sent runs' heartbeats that went unanswered for longer than its lease."""
+        have held runs whose heartbeats went unanswered for longer than its lease and
+        grace."""
         now = self._clock()
         age = now - self._tick
         if age >= self._stale:
             self._on_frozen(age - TICK_SECONDS)
-        silent = self._lapsed(now)
+        silent = self._lapsed(now, grace=self.grace)
         if silent is not None:
             self._on_lapsed(silent)
 
@@ -167,11 +184,22 @@ class FreezeWatch:
                     self._on_frozen(frozen)
                     return
                 logger.warning("this process was frozen for %.1f s (no run held)", frozen)
-            silent = self._lapsed(now)
-            if silent is not None:
-                self._on_lapsed(silent)
+            self._fence(now)
+            if self._fenced_at is not None and now - self._fenced_at >= self.grace:
+                self._on_lapsed(now - self._renewed)  # even if its runs ended meanwhile
                 return
             self._tick = now
+
+    def _fence(self, now: float) -> None:
+        global FENCED
+        if self._fenced_at is None and (silent := self._lapsed(now)) is not None:
+            FENCED, self._fenced_at = True, now
+            logger.error(
+                "no heartbeat of this process's runs has reached Prefect for %.1f s: no new "
+                "message is sent; exiting in %.1f s, the answers to those in flight recorded",
+                silent,
+                self.grace,
+            )
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[FreezeWatch]:

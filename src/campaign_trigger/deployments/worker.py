@@ -387,6 +387,7 @@ async def run_worker(
         freeze.worker_threshold_seconds(dead_after),
         busy=lambda: any(w.active for w in workers),
         lease=freeze.lease_seconds(dead_after),
+        grace=freeze.fence_grace_seconds(dead_after),
     )
     beats = heartbeats.RunHeartbeats(
         lambda: [run for w in workers for run in list(w.running.values())],

@@ -107,23 +107,46 @@ def test_a_send_after_the_lease_lapsed_stops_and_a_renewal_keeps_it() -> None:
     assert lapsed == [pytest.approx(20.5)]
 
 
-def test_the_thread_ends_a_process_holding_runs_once_its_lease_lapses() -> None:
+def test_once_its_lease_lapses_a_process_holding_runs_sends_nothing_new_then_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(freeze, "FENCED", False)
     clock, lapsed, held = Clock(), list[float](), [False]
     watch = freeze.FreezeWatch(
-        1000.0, busy=lambda: held[0], lease=20.0, on_lapsed=lapsed.append, clock=clock
+        1000.0, busy=lambda: held[0], lease=20.0, grace=5.0, on_lapsed=lapsed.append, clock=clock
     )
     with watch.watching():
         clock.now += 25  # idle: its lease may lapse, it sends nothing
         time.sleep(3 * freeze.TICK_SECONDS)
-        assert lapsed == []
+        assert not freeze.FENCED
         watch.renew(clock.now)  # a run claimed
         held[0] = True
         clock.now += 10
         time.sleep(3 * freeze.TICK_SECONDS)
-        assert lapsed == []
+        assert not freeze.FENCED
         clock.now += 10.5
+        _until(lambda: freeze.FENCED)  # no new message from now on
+        watch.check()  # the messages in flight are still answered and recorded
+        held[0] = False  # their run ended meanwhile: the process exits all the same
+        time.sleep(3 * freeze.TICK_SECONDS)
+        assert lapsed == []
+        clock.now += 5
         _until(lambda: lapsed)
-    assert lapsed[0] == pytest.approx(20.5)
+    assert lapsed[0] == pytest.approx(25.5)
+
+
+def test_a_write_past_the_lease_and_its_grace_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the thread did not get to fence it (the process was frozen, say): the write stops
+    clock, lapsed = Clock(), list[float]()
+    watch = freeze.FreezeWatch(
+        1000.0, busy=lambda: True, lease=20.0, grace=5.0, on_lapsed=lapsed.append, clock=clock
+    )
+    clock.now += 24.9
+    watch.check()
+    assert lapsed == []
+    clock.now += 0.2
+    watch.check()
+    assert lapsed == [pytest.approx(25.1)]
 
 
 def test_renewals_reach_every_watch_of_the_process() -> None:
