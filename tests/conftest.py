@@ -39,7 +39,7 @@ for name in [
 ]:
     del os.environ[name]
 # A delivery run whose worker died is taken over after 40 s without a heartbeat (the
-# least the setting allows: runs send one every 30 s), not the default 90 s.
+# least the setting allows), not the default 90 s: heartbeats every 5 s, a lease of 20 s.
 os.environ["CT_DEAD_RUN_AFTER_SECONDS"] = "40"
 # Every test process and server shares one database and calls from 127.0.0.1: the
 # per-address sign-in budget would let one test's failed sign-ins throttle another's.

@@ -126,9 +126,11 @@ class Settings(BaseSettings):
         default=90,
         ge=40,
         description="A delivery run without a heartbeat this long lost its worker: another "
-        "worker takes it over (runs send a heartbeat every 30 s). A worker process frozen "
-        "for half of what is left of it after a heartbeat exits as it resumes (code 75), "
-        "before it sends again.",
+        "worker takes it over (a worker sends its runs' heartbeats every eighth of it). A "
+        "worker process whose heartbeats Prefect has not answered for half of it stops "
+        "sending and exits (code 75) once the answers to the messages in flight are "
+        "recorded; one frozen for half of what is left of it after a heartbeat exits as "
+        "it resumes, before it sends again.",
     )
     report_retention_days: int = Field(default=30, gt=0)
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import os
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from prefect import get_client
@@ -146,6 +150,9 @@ KILL_CONCURRENCY = 100
 # back it writes too seldom for a freeze to catch it writing (CI, 27 Nov: 1,238 tries in
 # 5 s).
 HOLD_MS = 500
+# A worker cut off from Prefect sends at 100 messages a second from then on: without its
+# lease it would still be sending when its run is taken over (40 s later in the tests).
+CUT_LATENCY_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -549,4 +556,177 @@ async def test_a_request_accepted_while_prefect_is_down_is_delivered_once_it_is_
         )
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
     assert state_name(run) == "COMPLETED", run.state
+    assert set(sandbox.delivered([d.token for d in audience.devices if d.token]).values()) == {1}
+
+
+class Partition:
+    """A TCP relay to the Prefect server that can be cut, as a network partition cuts a
+    link: from then on what either side sends is dropped, and a new connection is
+    accepted and left unanswered. Connections and processes stay up. It relays on a
+    thread of its own (the tests' loop waits for workers to start, blocking)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.cut = False
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    def __enter__(self) -> Partition:
+        self._thread.start()
+        assert self._ready.wait(timeout=10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+        # asyncio.run then cancels the relays left and waits for them
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            await self._pump(reader, None)
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            "127.0.0.1", self.target_port
+        )
+        back = asyncio.create_task(self._pump(upstream_reader, writer))
+        try:
+            await self._pump(reader, upstream_writer)
+        finally:
+            back.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await back
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None
+    ) -> None:
+        try:
+            while data := await reader.read(65536):
+                if writer is not None and not self.cut:
+                    writer.write(data)
+                    await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            if writer is not None and not self.cut:
+                writer.close()
+
+
+async def _dead_run_states(request_id: str) -> int:
+    """How many times the request's run was marked dead."""
+    run = await read_run(request_id)
+    assert run is not None
+    async with get_client() as client:
+        states = await client.read_flow_run_states(run.id)
+    return sum(1 for s in states if s.name == prefect_runs.DEAD_RUN_STATE_NAME)
+
+
+@pytest.mark.parametrize("platform", [Platform.android, Platform.ios])
+async def test_a_worker_cut_off_from_prefect_stops_before_its_run_is_taken_over_sending_none_twice(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+    platform: Platform,
+) -> None:
+    """A worker that can reach the database and the provider but no longer Prefect (a
+    network partition, the server down), in the middle of a chunk: its runs' heartbeats
+    stop reaching the server, which marks the run dead and hands it to another worker.
+    Unfenced, the cut-off worker went on with its chunk and the next ones beside the
+    taker, both sending the same messages. Its lease (delivery/freeze.py) lapses first:
+    it starts no new message, records the answers to those in flight, and exits before
+    the run can be marked dead; the taker sends the rest, and nobody gets it twice. Over
+    HTTP/1.1 to FCM and over HTTP/2 to APNs.
+
+    The sandbox answers slowly from the cut on (``CUT_LATENCY_MS``), so that without the
+    fence the worker would still be sending when the taker starts."""
+    env = {"CT_DELIVERY_CONCURRENCY": str(KILL_CONCURRENCY)}
+    prefect_port = urlsplit(os.environ["PREFECT_API_URL"]).port
+    assert prefect_port is not None
+    with Partition(prefect_port) as partition:
+        worker = start_worker(PREFECT_API_URL=partition.api_url, **env)
+        tenant = seed_tenant()
+        prefix = f"cut-{uuid.uuid4().hex[:6]}"
+        users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
+        app_id = tenant.android if platform is Platform.android else tenant.ios
+        tokens = [f"{u}-{platform.value}" for u in users]
+        add_devices(
+            [DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)]
+        )
+        rows = [
+            {"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)
+        ]
+        request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=5000)
+        notify_new_request(request_id)
+
+        latency = sandbox.state.latency_ms
+        deadline = time.monotonic() + 120
+        while sum(1 for n in sandbox.delivered(tokens).values() if n) < 7_300:
+            assert time.monotonic() < deadline, worker.log_tail()
+            await asyncio.sleep(0.002)
+        sandbox.state.configure(latency_ms=CUT_LATENCY_MS)
+        try:
+            partition.cut = True
+            cut_at = time.monotonic()
+            exit_code = await asyncio.to_thread(worker.popen.wait, 60)
+            lasted = time.monotonic() - cut_at
+            assert exit_code == freeze.EXIT_CODE, worker.log_tail()
+            print(f"cut off: exited {lasted:.1f} s after the cut")
+            assert "has reached Prefect for" in worker.log_tail()
+            # the lease lapsed before the run could be marked dead (40 s without a heartbeat)
+            assert lasted < get_settings().dead_run_after_seconds, lasted
+            assert await _dead_run_states(request_id) == 0
+            await asyncio.sleep(CUT_LATENCY_MS / 1000 + 1)  # its last sends land
+        finally:
+            sandbox.state.configure(latency_ms=latency)
+    chunks, recorded = _recorded(request_id)
+    delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
+    cut_off = Killed(worker, request_id, tenant, app_id, users, tokens, chunks, recorded, delivered)
+    assert cut_off.recorded < KILL_USERS  # it stopped with messages left to send
+    assert cut_off.in_flight == 0  # every message it sent has its answer recorded
+    await _taken_over(start_worker, sandbox, cut_off, env=env)
+    assert await _dead_run_states(request_id) == 1
+    assert set(sandbox.delivered(tokens).values()) == {1}
+
+
+async def test_a_run_that_outlasts_the_dead_run_limit_keeps_its_worker(
+    start_worker: WorkerFactory,
+    sandbox: Sandbox,
+) -> None:
+    """The worker sends its runs' heartbeats itself (not Prefect's engine: ``heartbeats.py``):
+    a request that takes longer than ``CT_DEAD_RUN_AFTER_SECONDS`` is never marked dead
+    nor taken over, and each device gets its message once. The sandbox answers each
+    message after 1 s, one at a time per provider."""
+    dead_after = get_settings().dead_run_after_seconds
+    start_worker(CT_DELIVERY_CONCURRENCY="1")
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=dead_after + 5, prefix=f"long-{uuid.uuid4().hex[:6]}")
+    add_devices(audience.devices)
+    latency = sandbox.state.latency_ms
+    sandbox.state.configure(latency_ms=1000)
+    try:
+        request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+        notify_new_request(request_id)
+        run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=180)
+    finally:
+        sandbox.state.configure(latency_ms=latency)
+    assert state_name(run) == "COMPLETED", run.state
+    assert run.start_time is not None
+    assert run.end_time is not None
+    assert (run.end_time - run.start_time).total_seconds() > dead_after
+    assert await _dead_run_states(request_id) == 0
     assert set(sandbox.delivered([d.token for d in audience.devices if d.token]).values()) == {1}

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
+from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.auth import ApnsProviderTokens
 from campaign_trigger.delivery.base import PushMessage, PushOptions, PushResult
 from campaign_trigger.delivery.credentials import ApnsCredentials
@@ -299,7 +300,7 @@ class _CurlBatch:
                 index = self._next
                 while index < len(bodies) and bodies[index] is None:
                     index += 1
-                if index >= len(bodies):
+                if index >= len(bodies) or freeze.FENCED:  # fenced: no new message
                     break
                 if not granted and not self._slots.try_acquire():
                     self._waiter = self._slots.wait()

@@ -22,6 +22,24 @@ frames of one write on the ``h2`` fallback; in flight at the freeze); its superv
 (``campaign-trigger up``, systemd, Kubernetes) starts it again, and its runs are taken
 over as a killed worker's are: at most the messages in flight when it froze go twice.
 An idle process (no run) that was frozen goes on. The check costs a send ~0.15 µs.
+
+A process need not be frozen to lose its runs: one cut off from Prefect (a network
+partition, the server down or overloaded) while it can still reach the database and the
+providers goes on sending as its heartbeats stop reaching the server, which then marks
+its runs dead and hands them to another worker: both would send the same messages.
+Hence the **lease**: the worker sends its runs' heartbeats itself
+(``deployments/heartbeats.py``), and each one the server answered renews the process's
+lease from the moment it was sent (so does a claim: a run's Pending state is a sign of
+life too). Once the lease is older than :func:`lease_seconds` (half the time after which
+a run without a heartbeat is marked dead) in a process holding runs, the watch's thread
+sets :data:`FENCED` (within a tick): the senders start no new message, and the answers
+to those in flight are still recorded; :func:`fence_grace_seconds` later the process
+exits, like a frozen one, found out by a write's :func:`check` or by the thread,
+whichever comes first. What is left of ``dead_after`` is the margin for the two clocks
+(the server dates a heartbeat by the worker's). So a process cut off from Prefect stops
+with nothing sent and not recorded, unless a provider's answer takes longer than the
+grace. A freeze is one way of losing the lease; the freeze threshold only finds it out
+sooner, and a process that was frozen has no answers to wait for.
 """
 
 from __future__ import annotations
@@ -37,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 EXIT_CODE = 75  # EX_TEMPFAIL: start it again
 TICK_SECONDS = 0.5
-RUN_HEARTBEAT_SECONDS = 30  # a worker's runs' heartbeats (Prefect's minimum)
+FENCED = False
+"""True once the process's lease lapsed: no new message is to be sent (``sending.py``)."""
 
 
 def _boot_clock() -> float:
@@ -55,50 +74,106 @@ def threshold_seconds(*, dead_after: float, heartbeat_seconds: float) -> float:
     return max(dead_after - heartbeat_seconds, 2 * TICK_SECONDS) / 2
 
 
+def lease_seconds(dead_after: float) -> float:
+    """How long after its runs' last heartbeat the server answered a worker process
+    may still send: half of ``dead_after``, the time without one after which a run is
+    marked dead."""
+    return dead_after / 2
+
+
+def fence_grace_seconds(dead_after: float) -> float:
+    """How long a process whose lease lapsed waits for the answers to the messages it
+    has in flight (sending no other) before it exits: an eighth of ``dead_after``."""
+    return dead_after / 8
+
+
+def run_heartbeat_seconds(dead_after: float) -> float:
+    """Seconds between a worker's heartbeats for its runs: four to a lease, so that
+    three lost in a row do not end it."""
+    return lease_seconds(dead_after) / 4
+
+
 def worker_threshold_seconds(dead_after: float) -> float:
     """The freeze a worker process exits after, its runs sending heartbeats every
-    :data:`RUN_HEARTBEAT_SECONDS` and marked dead after ``dead_after`` without one."""
-    return threshold_seconds(dead_after=dead_after, heartbeat_seconds=RUN_HEARTBEAT_SECONDS)
-
-
-def _exit(frozen: float) -> None:
-    os.write(
-        2,
-        (
-            f"campaign-trigger: this process was frozen for {frozen:.1f} s, long enough for "
-            "its runs to be taken over by another worker: exiting before it sends again\n"
-        ).encode(),
+    :func:`run_heartbeat_seconds` and marked dead after ``dead_after`` without one."""
+    return threshold_seconds(
+        dead_after=dead_after, heartbeat_seconds=run_heartbeat_seconds(dead_after)
     )
+
+
+def _exit_saying(why: str) -> None:
+    os.write(2, f"campaign-trigger: {why}: exiting before it sends again\n".encode())
     os._exit(EXIT_CODE)
 
 
+def _exit(frozen: float) -> None:
+    _exit_saying(
+        f"this process was frozen for {frozen:.1f} s, long enough for its runs to be "
+        "taken over by another worker"
+    )
+
+
+def _exit_lapsed(silent: float) -> None:
+    _exit_saying(
+        f"no heartbeat of this process's runs has reached Prefect for {silent:.1f} s, "
+        "long enough for them to be taken over by another worker"
+    )
+
+
 class FreezeWatch:
-    """Finds out a freeze of ``threshold`` seconds or more; calls ``on_frozen`` (the
-    seconds frozen) from the thread if ``busy()`` (the process holds runs), or from
-    :meth:`check` (a send)."""
+    """Finds out a freeze of ``threshold`` seconds or more, and with a ``lease``, a
+    lease not renewed (:meth:`renew`) for longer than that; calls ``on_frozen`` (the
+    seconds frozen) or ``on_lapsed`` (the seconds since the lease's start) from the
+    thread if ``busy()`` (the process holds runs), or from :meth:`check` (a send)."""
 
     def __init__(
         self,
         threshold: float,
         *,
         busy: Callable[[], bool],
+        lease: float | None = None,
+        grace: float = 0.0,
         on_frozen: Callable[[float], None] = _exit,
+        on_lapsed: Callable[[float], None] = _exit_lapsed,
         clock: Callable[[], float] = CLOCK,
     ) -> None:
         self.threshold = threshold
         self._stale = threshold + TICK_SECONDS  # the last tick's age after such a freeze
+        self.lease = lease
+        self.grace = grace
         self._busy = busy
         self._on_frozen = on_frozen
+        self._on_lapsed = on_lapsed
         self._clock = clock
-        self._tick = clock()
+        self._tick = self._renewed = clock()
+        self._fenced_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="freeze-watch", daemon=True)
 
+    def renew(self, sent_at: float) -> None:
+        """The server answered a sign of the runs' life sent at ``sent_at`` (this watch's
+        clock): the lease runs from then."""
+        self._renewed = max(self._renewed, sent_at)
+
+    def _lapsed(self, now: float, *, grace: float = 0.0) -> float | None:
+        """Seconds since the lease's start if it lapsed ``grace`` seconds ago or more
+        with runs held, else None."""
+        silent = now - self._renewed
+        if self.lease is not None and silent > self.lease + grace and self._busy():
+            return silent
+        return None
+
     def check(self) -> None:
-        """Before a write: the process must not have been frozen since the last tick."""
-        age = self._clock() - self._tick
+        """Before a write: the process must not have been frozen since the last tick, nor
+        have held runs whose heartbeats went unanswered for longer than its lease and
+        grace."""
+        now = self._clock()
+        age = now - self._tick
         if age >= self._stale:
             self._on_frozen(age - TICK_SECONDS)
+        silent = self._lapsed(now, grace=self.grace)
+        if silent is not None:
+            self._on_lapsed(silent)
 
     def _watch(self) -> None:
         while not self._stop.wait(TICK_SECONDS):
@@ -109,7 +184,22 @@ class FreezeWatch:
                     self._on_frozen(frozen)
                     return
                 logger.warning("this process was frozen for %.1f s (no run held)", frozen)
+            self._fence(now)
+            if self._fenced_at is not None and now - self._fenced_at >= self.grace:
+                self._on_lapsed(now - self._renewed)  # even if its runs ended meanwhile
+                return
             self._tick = now
+
+    def _fence(self, now: float) -> None:
+        global FENCED
+        if self._fenced_at is None and (silent := self._lapsed(now)) is not None:
+            FENCED, self._fenced_at = True, now
+            logger.error(
+                "no heartbeat of this process's runs has reached Prefect for %.1f s: no new "
+                "message is sent; exiting in %.1f s, the answers to those in flight recorded",
+                silent,
+                self.grace,
+            )
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[FreezeWatch]:
@@ -131,7 +221,14 @@ _watches: list[FreezeWatch] = []
 
 
 def check() -> None:
-    """Before a transport writes: exits the process if it was frozen too long (nothing
-    outside a worker process, which alone runs a watch)."""
+    """Before a transport writes: exits the process if it was frozen too long, or its
+    lease lapsed (nothing outside a worker process, which alone runs a watch)."""
     if _watches:
         _watches[-1].check()
+
+
+def renew(sent_at: float) -> None:
+    """A sign of the process's runs' life sent at ``sent_at`` (:data:`CLOCK`) was
+    answered: every watch's lease runs from then."""
+    for watch in _watches:
+        watch.renew(sent_at)

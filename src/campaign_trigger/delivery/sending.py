@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from campaign_trigger import metrics
+from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.auth import AuthRefused, AuthUnavailable
 from campaign_trigger.delivery.base import (
     FP_ERR_JSON_MARSHALLING,
@@ -219,6 +220,8 @@ class RetryingSender(ABC):
         async def worker() -> None:
             for index, message, body in work:
                 await slots.acquire()
+                if freeze.FENCED:  # the process exits once the messages in flight are answered
+                    await asyncio.Event().wait()
                 try:
                     result = results[index] = await self._send_one(message, body)
                     if on_result is not None:

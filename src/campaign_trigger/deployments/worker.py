@@ -52,7 +52,7 @@ from campaign_trigger import logs, metrics
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.providers import close_providers
-from campaign_trigger.deployments import catalog, suspension, upkeep, wakeup
+from campaign_trigger.deployments import catalog, heartbeats, suspension, upkeep, wakeup
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
 from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
 from campaign_trigger.flows import fan_out
@@ -109,6 +109,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.queue = queue
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
+        self.running: dict[UUID, tuple[FlowRun, str]] = {}  # each with its flow's name
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor = idle_poll_factor
         self.wake_gap, self._wake_poll_due, self._wake_polled = wake_gap, False, 0.0
@@ -223,6 +224,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return started
 
     async def _claim_and_start_holding_slot(self, flow_run: FlowRun) -> bool:
+        sent_at = freeze.CLOCK()
         try:
             claimed = await prefect_runs.claim(self.client, flow_run.id, message=self.claim_message)
         except Exception as exc:
@@ -231,6 +233,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         if not claimed:
             logger.debug("run %s claimed by someone else", flow_run.id)
             return False
+        freeze.renew(sent_at)  # its Pending state: a sign of life as good as a heartbeat
         if self.queue == "default":  # a request's own run, not a share of its chunks
             try:
                 await upkeep.own_run(flow_run, owner=self.name)
@@ -306,6 +309,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         try:
             with logs.about_request(flow_run.parameters.get("request_id")):
                 flow = await self._flow_of(flow_run)
+                self.running[flow_run.id] = (flow_run, flow.name)
                 state = await run_flow_async(
                     flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state"
                 )
@@ -317,6 +321,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         finally:
             metrics.RUNS_IN_FLIGHT.dec()
             self.active.pop(flow_run.id, None)
+            self.running.pop(flow_run.id, None)
         return DeliveryResult(identifier=str(flow_run.id), status_code=0)
 
     async def kill_infrastructure(
@@ -371,22 +376,31 @@ async def run_worker(
         )
         for queue, limit in (("default", concurrency), ("chunks", chunk_concurrency))
     ]
-    # Flow-run heartbeats every freeze.RUN_HEARTBEAT_SECONDS: how a dead worker is noticed; a
-    # process frozen long enough for its runs to be taken over exits before it sends
-    # again (delivery/freeze.py). One Prefect client for every run (the engine would open
-    # one per run: a connection and a CSRF-token call each), one watch for runs suspended
-    # in the UI for every run (deployments/suspension.py).
-    frozen_after = freeze.worker_threshold_seconds(get_settings().dead_run_after_seconds)
-    watch = freeze.FreezeWatch(frozen_after, busy=lambda: any(w.active for w in workers))
+    # The runs' heartbeats, sent by the process (not by Prefect's engine: no answer tells
+    # it whether one arrived), are how a dead worker is noticed; a process frozen, or
+    # whose heartbeats went unanswered, long enough for its runs to be taken over exits
+    # before it sends again (delivery/freeze.py, heartbeats.py). One Prefect client for
+    # every run (the engine would open one per run: a connection and a CSRF-token call
+    # each), one watch for runs suspended in the UI for every run (suspension.py).
+    dead_after = get_settings().dead_run_after_seconds
+    watch = freeze.FreezeWatch(
+        freeze.worker_threshold_seconds(dead_after),
+        busy=lambda: any(w.active for w in workers),
+        lease=freeze.lease_seconds(dead_after),
+        grace=freeze.fence_grace_seconds(dead_after),
+    )
+    beats = heartbeats.RunHeartbeats(
+        lambda: [run for w in workers for run in list(w.running.values())],
+        interval=freeze.run_heartbeat_seconds(dead_after),
+    )
     async with AsyncClientContext.get_or_create(), suspension.one_suspension_watch():
         with (
             temporary_settings(
-                {
-                    PREFECT_WORKER_QUERY_SECONDS: poll_seconds,
-                    PREFECT_FLOWS_HEARTBEAT_FREQUENCY: freeze.RUN_HEARTBEAT_SECONDS,
-                }
+                {PREFECT_WORKER_QUERY_SECONDS: poll_seconds},
+                restore_defaults={PREFECT_FLOWS_HEARTBEAT_FREQUENCY},
             ),
             watch.watching(),
+            beats.beating(),
         ):
             # A queue is polled at once when a run is scheduled in it (Prefect's events,
             # wakeup.py; wakes poll at most every poll_seconds), else every

@@ -1,10 +1,14 @@
 """A provider's send slots: shared by concurrent ``send_many`` calls, never more in flight
-than ``concurrency``, first come first served, and no slot lost to a cancelled waiter."""
+than ``concurrency``, first come first served, and no slot lost to a cancelled waiter;
+none handed out once the process is fenced."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.base import PushMessage, PushResult
 from campaign_trigger.delivery.sending import Slots
 from unit.delivery.counting_sender import CountingSender
@@ -72,3 +76,24 @@ async def test_a_slot_handed_to_a_waiter_being_cancelled_goes_to_the_next() -> N
     await asyncio.gather(doomed, heir, return_exceptions=True)
     assert doomed.cancelled()
     assert got == ["heir"]
+
+
+async def test_a_fenced_process_starts_no_new_message_and_records_those_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the process's lease lapsed (``delivery/freeze.py``) no message is sent that
+    was not on its way: the answers to those in flight are still handed to the caller."""
+    monkeypatch.setattr(freeze, "FENCED", False)
+    sender = CountingSender(concurrency=3)
+    recorded: list[PushResult] = []
+
+    async def record(result: PushResult) -> None:
+        recorded.append(result)
+        monkeypatch.setattr(freeze, "FENCED", True)  # lapsed as the first answer came
+
+    sending = asyncio.ensure_future(sender.send_many(_messages("f", 10), on_result=record))
+    await asyncio.sleep(0.2)
+    assert not sending.done()  # the process exits at the end of its grace
+    sending.cancel()
+    assert sender.posts == 3
+    assert len(recorded) == 3

@@ -144,7 +144,7 @@ def test_on_postgresql_the_rows_of_a_writer_frozen_before_its_commit_are_freed(
 ) -> None:
     """A worker frozen between a batch's rows and its commit holds their locks; the worker
     that takes the chunk over writes the same rows and waits on them. The server ends the
-    frozen transaction once it has been idle for the freeze a worker exits after (5 s with
+    frozen transaction once it has been idle for the freeze a worker exits after (17.5 s with
     the tests' CT_DEAD_RUN_AFTER_SECONDS): the taker's write goes through, the frozen
     one's commit fails, and each row is stored once."""
     request_id = _request(session, settings, storage, org)
