@@ -176,6 +176,49 @@ class Killed:
         return self.delivered - self.recorded
 
 
+@dataclass(frozen=True)
+class OneDeviceEach:
+    """A send-now CSV request of ``KILL_USERS`` users, each with one device of an app."""
+
+    tenant: Tenant
+    app_id: str
+    users: list[str]
+    tokens: list[str]
+    request_id: str
+
+
+def _one_device_each(platform: Platform, *, prefix: str, chunk_size: int) -> OneDeviceEach:
+    """:class:`OneDeviceEach` of ``platform``'s app (FCM over HTTP/1.1, or APNs over
+    HTTP/2, many streams to a connection), in the outbox."""
+    tenant = seed_tenant()
+    prefix = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
+    app_id = tenant.android if platform is Platform.android else tenant.ios
+    tokens = [f"{u}-{platform.value}" for u in users]
+    add_devices([DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)])
+    rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
+    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=chunk_size)
+    notify_new_request(request_id)
+    return OneDeviceEach(tenant, app_id, users, tokens, request_id)
+
+
+def _as_it_stands(worker: ManagedProcess, sandbox: Sandbox, request: OneDeviceEach) -> Killed:
+    """``request`` as it stands once ``worker`` stopped sending it: recorded, and delivered."""
+    chunks, recorded = _recorded(request.request_id)
+    delivered = sum(1 for n in sandbox.delivered(request.tokens).values() if n)
+    return Killed(
+        worker,
+        request.request_id,
+        request.tenant,
+        request.app_id,
+        request.users,
+        request.tokens,
+        chunks,
+        recorded,
+        delivered,
+    )
+
+
 async def _killed_mid_chunk(
     start_worker: WorkerFactory,
     sandbox: Sandbox,
@@ -190,8 +233,7 @@ async def _killed_mid_chunk(
     hold: bool = True,
     platform: Platform = Platform.android,
 ) -> Killed:
-    """A send-now request of ``KILL_USERS`` (one device each, of ``platform``'s app: FCM
-    over HTTP/1.1, or APNs over HTTP/2, many streams to a connection) to a worker started
+    """A send-now request to one device each (:func:`_one_device_each`) to a worker started
     with ``options`` and ``env``, SIGKILLed (or else ``halt``-ed) once the sandbox got
     ``kill_at`` of its messages (and, if given, ``until(request_id)`` holds) and then one
     more, whose answer it holds back ``HOLD_MS`` (at once, not holding, unless ``hold``).
@@ -203,17 +245,10 @@ async def _killed_mid_chunk(
     however many of them run at once.
     """
     worker = start_worker(*options, **env)
-    tenant = seed_tenant()
-    prefix = f"kill-{uuid.uuid4().hex[:6]}"
-    users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
-    app_id = tenant.android if platform is Platform.android else tenant.ios
-    tokens = [f"{u}-{platform.value}" for u in users]
-    add_devices([DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)])
-    rows = [{"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)]
-    request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=chunk_size)
-    notify_new_request(request_id)
-
     before = len(sandbox.state.deliveries)
+    request = _one_device_each(platform, prefix="kill", chunk_size=chunk_size)
+    request_id = request.request_id
+
     deadline = time.monotonic() + 120
     latency = sandbox.state.latency_ms
     sandbox.state.configure(latency_ms=latency_ms)
@@ -236,9 +271,7 @@ async def _killed_mid_chunk(
         await asyncio.sleep(1.0)  # requests already on the wire land
     finally:
         sandbox.state.configure(latency_ms=latency)
-    chunks, recorded = _recorded(request_id)
-    delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
-    killed = Killed(worker, request_id, tenant, app_id, users, tokens, chunks, recorded, delivered)
+    killed = _as_it_stands(worker, sandbox, request)
     assert killed.in_flight > 0, "the kill did not catch any send in flight"
     assert killed.in_flight <= KILL_CONCURRENCY
     return killed
@@ -659,23 +692,12 @@ async def test_a_worker_cut_off_from_prefect_stops_before_its_run_is_taken_over_
     assert prefect_port is not None
     with Partition(prefect_port) as partition:
         worker = start_worker(PREFECT_API_URL=partition.api_url, **env)
-        tenant = seed_tenant()
-        prefix = f"cut-{uuid.uuid4().hex[:6]}"
-        users = [f"{prefix}-u{n}" for n in range(KILL_USERS)]
-        app_id = tenant.android if platform is Platform.android else tenant.ios
-        tokens = [f"{u}-{platform.value}" for u in users]
-        add_devices(
-            [DeviceSpec(app_id, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)]
-        )
-        rows = [
-            {"User": u, "first_name": f"N{n}", "order_id": f"O{n}"} for n, u in enumerate(users)
-        ]
-        request_id = add_csv_request(tenant, rows, send_at=datetime.now(UTC), chunk_size=5000)
-        notify_new_request(request_id)
-
+        before = len(sandbox.state.deliveries)
+        request = _one_device_each(platform, prefix="cut", chunk_size=5000)
+        request_id, tokens = request.request_id, request.tokens
         latency = sandbox.state.latency_ms
         deadline = time.monotonic() + 120
-        while sum(1 for n in sandbox.delivered(tokens).values() if n) < 7_300:
+        while len(sandbox.state.deliveries) - before < 7_300:  # inside the second chunk
             assert time.monotonic() < deadline, worker.log_tail()
             await asyncio.sleep(0.002)
         sandbox.state.configure(latency_ms=CUT_LATENCY_MS)
@@ -693,9 +715,7 @@ async def test_a_worker_cut_off_from_prefect_stops_before_its_run_is_taken_over_
             await asyncio.sleep(CUT_LATENCY_MS / 1000 + 1)  # its last sends land
         finally:
             sandbox.state.configure(latency_ms=latency)
-    chunks, recorded = _recorded(request_id)
-    delivered = sum(1 for n in sandbox.delivered(tokens).values() if n)
-    cut_off = Killed(worker, request_id, tenant, app_id, users, tokens, chunks, recorded, delivered)
+    cut_off = _as_it_stands(worker, sandbox, request)
     assert cut_off.recorded < KILL_USERS  # it stopped with messages left to send
     assert cut_off.in_flight == 0  # every message it sent has its answer recorded
     await _taken_over(start_worker, sandbox, cut_off, env=env)
