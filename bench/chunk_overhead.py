@@ -36,7 +36,9 @@ processes and the moment each ran).
 
 ``--pin`` runs this process and the worker on one CPU, the Prefect server and nginx on the
 other (:func:`harness.pin_apart`): what the worker's flow path costs the chunks when the
-server does not take turns with them on the cores, as with a server of its own. On the
+server does not take turns with them on the cores, as with a server of its own. While the
+worker delivers, this process waits on the other CPU (:func:`harness.moved_to`), so that
+nothing of the benchmark's takes turns with either phase's chunks. On the
 2-core machine a run's rounds then scatter about half as much (27 Nov: 5 to 7 points
 between a run's lowest and highest round, against 12).
 
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -67,6 +70,7 @@ from harness import (
     Worker,
     create_csv_request,
     csv_bytes,
+    moved_to,
     nginx_responder,
     pin_apart,
     private_stack,
@@ -244,11 +248,18 @@ def serve_reference(request_ids: list[str]) -> None:
         print(asyncio.run(reference_phase(plan)).seconds, flush=True)
 
 
-def flow_round(audience: Audience, content: bytes, server: psutil.Process) -> tuple[str, float]:
-    """A request delivered by the worker; its id and the Prefect server's CPU meanwhile."""
+def flow_round(
+    audience: Audience, content: bytes, server: psutil.Process, away: set[int] | None
+) -> tuple[str, float]:
+    """A request delivered by the worker; its id and the Prefect server's CPU meanwhile.
+    With ``away`` (``--pin``), this process waits on those CPUs, off the worker's: its
+    waiting (a read of the request every 0.2 s, the worker's CPU sampled every 20 ms)
+    would otherwise take turns with the worker's chunks, as nothing of the flow path's
+    takes turns with the reference's."""
     request_id = create_csv_request(audience, content)
     before = cpu_seconds(server)
-    asyncio.run(wait_processed(request_id, 600))
+    with moved_to(away) if away else contextlib.nullcontext():
+        asyncio.run(wait_processed(request_id, 600))
     return request_id, cpu_seconds(server) - before
 
 
@@ -279,10 +290,11 @@ def main() -> None:
         # The reference requests are claimed before any worker runs, so no worker ever
         # makes them a flow run.
         references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds)]
-        if args.pin:  # before the control and the worker start: they inherit this CPU
+        away = pin_apart(0) if args.pin else None  # before the control and the worker
+        if away:  # start: they inherit this CPU
             print(
                 f"pinned: this process and the worker on CPU 0, the server and nginx on "
-                f"{sorted(pin_apart(0))}"
+                f"{sorted(away)} (this process too while the worker delivers)"
             )
         control = (
             Control([create_csv_request(audience, content) for _ in range(args.rounds)])
@@ -302,7 +314,7 @@ def main() -> None:
                 # size) would always fall on the phase run second: alternate it.
                 flow_first = n % 2 == 1
                 if flow_first:
-                    request_id, server_flow = flow_round(audience, content, server)
+                    request_id, server_flow = flow_round(audience, content, server, away)
                 # The control runs between the other two: next to the reference in time,
                 # before it in one round and after it in the next.
                 control_phase = control.phase() if control and flow_first else None
@@ -314,7 +326,7 @@ def main() -> None:
                 if control and not flow_first:
                     control_phase = control.phase()
                 if not flow_first:
-                    request_id, server_flow = flow_round(audience, content, server)
+                    request_id, server_flow = flow_round(audience, content, server, away)
                 flow_phase_ = asyncio.run(flow_phase(request_id))
                 worker_cpu = worker.cpu_seconds_between(*flow_phase_.window)
                 ref, flow = ref_phase.seconds, flow_phase_.seconds

@@ -424,6 +424,17 @@ def _pin_threads(pid: int, cpus: set[int]) -> None:
                 os.sched_setaffinity(int(tid), cpus)
 
 
+@contextmanager
+def moved_to(cpus: set[int]) -> Iterator[None]:
+    """This process (every thread) on ``cpus`` meanwhile, then back where it was."""
+    was = os.sched_getaffinity(0)
+    _pin_threads(os.getpid(), cpus)
+    try:
+        yield
+    finally:
+        _pin_threads(os.getpid(), was)
+
+
 def pin_apart(cpu: int = 0) -> set[int]:
     """Pin this process (its threads, and the processes and threads it starts from now
     on) to ``cpu``, and the stack's Prefect server and nginx (every process this one has

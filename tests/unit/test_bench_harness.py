@@ -216,7 +216,7 @@ def test_a_worker_is_not_sampled_while_this_process_times_something() -> None:
 PIN_APART = """
 import json, os, subprocess, sys, threading, time
 sys.path.append(sys.argv[1])
-from harness import pin_apart
+from harness import moved_to, pin_apart
 
 started = subprocess.Popen([sys.executable, "-c", "import threading, time\\n"
     "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\\n"
@@ -230,8 +230,11 @@ def affinities(pid):
     return sorted({tuple(sorted(os.sched_getaffinity(int(tid))))
                    for tid in os.listdir(f"/proc/{pid}/task")})
 try:
-    print(json.dumps([sorted(others), affinities(started.pid), affinities(os.getpid()),
-                      affinities(after.pid)]))
+    pinned = affinities(os.getpid())
+    with moved_to(others):
+        moved = affinities(os.getpid())
+    print(json.dumps([sorted(others), affinities(started.pid), pinned, affinities(after.pid),
+                      moved, affinities(os.getpid())]))
 finally:
     started.kill(); after.kill()
 """
@@ -244,6 +247,7 @@ finally:
     reason="pinning apart needs two CPUs, CPU 0 among them",
 )
 def test_pinning_apart_puts_what_was_started_on_the_other_cpus_and_what_follows_on_one() -> None:
+    """And this process, moved to the other CPUs for a while, comes back to its own."""
     env = {k: v for k, v in os.environ.items() if k != PREFECT_PID}  # no stack's server
     out = subprocess.run(
         [sys.executable, "-c", PIN_APART, str(Path(harness.__file__).parent)],
@@ -255,5 +259,5 @@ def test_pinning_apart_puts_what_was_started_on_the_other_cpus_and_what_follows_
     ).stdout
     others = sorted(os.sched_getaffinity(0) - {0})
     # the child started before (both its threads), this process (both its threads), the
-    # child started after
-    assert json.loads(out) == [others, [others], [[0]], [[0]]]
+    # child started after; this process moved to the others, then back
+    assert json.loads(out) == [others, [others], [[0]], [[0]], [others], [[0]]]
