@@ -21,8 +21,11 @@ up: $(STAMP)
 
 # The test files side by side, one process per core (at most 4), each with its own
 # Prefect server, database and sandbox; a file's tests stay together in one process.
+# Files are handed out in the order they are collected, the end-to-end ones (the longest)
+# first: xdist's default, most tests first, left minutes-long files of a few tests for the
+# end, one process running them while the others had nothing left.
 test: $(STAMP)
-	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile
+	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow and not e2e"
