@@ -26,7 +26,10 @@ Each round also says where the flow path's time went, from its task runs: how lo
 the last, and the chunk task runs' median time against the reference's median chunk; and
 the worker process's CPU per chunk from the first chunk's start to the last's end
 against this process's during the reference (less noisy than the times: what the flow
-path costs the worker, whatever the machine's speed of the moment).
+path costs the worker, whatever the machine's speed of the moment); and how often the
+worker's threads were switched out, voluntarily (to wait) and preempted, over the
+request's run, against this process's threads over the reference's chunks (each hand-over
+of work between threads is a switch or two).
 
 ``--control`` also runs, in each round, the reference a second time in a second process
 of its own (started once, like the worker, and claiming its requests before the worker
@@ -55,6 +58,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -90,6 +94,13 @@ TARGET = 0.05
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
+
+
+def own_switches() -> tuple[int, int]:
+    """This process's context switches so far, voluntary and involuntary, its threads
+    ended included (the reference's ``asyncio.to_thread`` threads end with its loop)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw, usage.ru_nivcsw
 
 
 def claim(request_id: str) -> DeliveryPlan:
@@ -249,18 +260,28 @@ def serve_reference(request_ids: list[str]) -> None:
 
 
 def flow_round(
-    audience: Audience, content: bytes, server: psutil.Process, away: set[int] | None
-) -> tuple[str, float]:
-    """A request delivered by the worker; its id and the Prefect server's CPU meanwhile.
+    audience: Audience,
+    content: bytes,
+    server: psutil.Process,
+    worker: Worker,
+    away: set[int] | None,
+) -> tuple[str, float, tuple[int, int]]:
+    """A request delivered by the worker; its id, the Prefect server's CPU meanwhile, and
+    the worker's threads' context switches (voluntary, involuntary) meanwhile.
     With ``away`` (``--pin``), this process waits on those CPUs, off the worker's: its
     waiting (a read of the request every 0.2 s, the worker's CPU sampled every 20 ms)
     would otherwise take turns with the worker's chunks, as nothing of the flow path's
     takes turns with the reference's."""
     request_id = create_csv_request(audience, content)
-    before = cpu_seconds(server)
+    before, switched = cpu_seconds(server), worker.thread_switches()
     with moved_to(away) if away else contextlib.nullcontext():
         asyncio.run(wait_processed(request_id, 600))
-    return request_id, cpu_seconds(server) - before
+    after = worker.thread_switches()
+    return (
+        request_id,
+        cpu_seconds(server) - before,
+        (after[0] - switched[0], after[1] - switched[1]),
+    )
 
 
 def main() -> None:
@@ -314,19 +335,25 @@ def main() -> None:
                 # size) would always fall on the phase run second: alternate it.
                 flow_first = n % 2 == 1
                 if flow_first:
-                    request_id, server_flow = flow_round(audience, content, server, away)
+                    request_id, server_flow, switches = flow_round(
+                        audience, content, server, worker, away
+                    )
                 # The control runs between the other two: next to the reference in time,
                 # before it in one round and after it in the next.
                 control_phase = control.phase() if control and flow_first else None
                 before, mine = cpu_seconds(server), cpu_seconds(this)
+                switched = own_switches()
                 with worker.unsampled():  # its sampler would run beside the reference
                     ref_phase = asyncio.run(reference_phase(reference))
+                ref_switches = [b - a for a, b in zip(switched, own_switches(), strict=True)]
                 server_ref = cpu_seconds(server) - before
                 ref_cpu = cpu_seconds(this) - mine
                 if control and not flow_first:
                     control_phase = control.phase()
                 if not flow_first:
-                    request_id, server_flow = flow_round(audience, content, server, away)
+                    request_id, server_flow, switches = flow_round(
+                        audience, content, server, worker, away
+                    )
                 flow_phase_ = asyncio.run(flow_phase(request_id))
                 worker_cpu = worker.cpu_seconds_between(*flow_phase_.window)
                 ref, flow = ref_phase.seconds, flow_phase_.seconds
@@ -351,6 +378,12 @@ def main() -> None:
                     f"{worker_cpu / args.chunks * 1000:.0f} ms/chunk from the first chunk to "
                     f"the last (the reference's process {ref_cpu / args.chunks * 1000:.0f} "
                     "ms/chunk)"
+                )
+                print(
+                    f"  the worker's threads switched {switches[0] / args.chunks:.0f} times a "
+                    f"chunk voluntarily, {switches[1] / args.chunks:.0f} preempted, over the "
+                    f"request's run (the reference's process's, over its chunks: "
+                    f"{ref_switches[0] / args.chunks:.0f} and {ref_switches[1] / args.chunks:.0f})"
                 )
                 if control_phase is not None:
                     controls.append(control_phase / ref - 1)

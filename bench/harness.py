@@ -524,10 +524,29 @@ class Worker:
         (first, cpu_first), (last, cpu_last) = inside[0], inside[-1]
         return (cpu_last - cpu_first) * (end - start) / (last - first)
 
+    def thread_switches(self) -> tuple[int, int]:
+        """Context switches so far, voluntary and involuntary, summed over the process's
+        live threads (``/proc``: psutil counts the main thread's alone)."""
+        return thread_switches(self.process.pid)
+
     def stop(self) -> None:
         self._stop.set()
         self._sampling.set()
         stop_process(self.process)
+
+
+def thread_switches(pid: int) -> tuple[int, int]:
+    """The voluntary and involuntary context switches of process ``pid``'s live threads (a
+    thread that ends between two readings takes its count with it)."""
+    voluntary = involuntary = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(FileNotFoundError):  # a thread that ended meanwhile
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    involuntary += int(line.split()[1])
+    return voluntary, involuntary
 
 
 async def wait_processed(request_id: str, timeout: float) -> float:

@@ -1,7 +1,8 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
 chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a worker's CPU
-between two moments from its samples, and the processes pinned apart for ``--pin``."""
+between two moments from its samples, a process's context switches summed over its
+threads, and the processes pinned apart for ``--pin``."""
 
 from __future__ import annotations
 
@@ -261,3 +262,44 @@ def test_pinning_apart_puts_what_was_started_on_the_other_cpus_and_what_follows_
     # the child started before (both its threads), this process (both its threads), the
     # child started after; this process moved to the others, then back
     assert json.loads(out) == [others, [others], [[0]], [[0]], [others], [[0]]]
+
+
+HAND_OVERS = """
+import threading
+turn, back, end = threading.Event(), threading.Event(), threading.Event()
+
+def other():
+    for _ in range(200):
+        turn.wait()
+        turn.clear()
+        back.set()
+    end.wait()  # alive while counted: an ended thread leaves /proc
+
+thread = threading.Thread(target=other)
+thread.start()
+for _ in range(200):
+    turn.set()
+    back.wait()
+    back.clear()
+print("ready", flush=True)
+input()
+end.set()
+"""
+
+
+def test_a_processs_context_switches_are_summed_over_its_threads() -> None:
+    """Two threads handing work to each other 200 times: each waits 200 times, and the
+    main thread's own count (psutil's, /proc/<pid>/status) holds only its half."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HAND_OVERS], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n"
+        voluntary, involuntary = harness.thread_switches(child.pid)
+        status = Path(f"/proc/{child.pid}/status").read_text().splitlines()
+        main_alone = next(int(s.split()[1]) for s in status if s.startswith("voluntary_"))
+    finally:
+        child.communicate(b"\n", timeout=30)
+    assert voluntary >= main_alone + 200
+    assert involuntary >= 0
