@@ -82,6 +82,7 @@ from harness import (
     result,
     seed_audience,
     task_runs_recorded,
+    thread_switches,
     wait_processed,
 )
 
@@ -101,6 +102,11 @@ def own_switches() -> tuple[int, int]:
     ended included (the reference's ``asyncio.to_thread`` threads end with its loop)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_nvcsw, usage.ru_nivcsw
+
+
+def since(before: tuple[int, int], after: tuple[int, int]) -> tuple[int, int]:
+    """The switches between two readings."""
+    return after[0] - before[0], after[1] - before[1]
 
 
 def claim(request_id: str) -> DeliveryPlan:
@@ -273,15 +279,11 @@ def flow_round(
     would otherwise take turns with the worker's chunks, as nothing of the flow path's
     takes turns with the reference's."""
     request_id = create_csv_request(audience, content)
-    before, switched = cpu_seconds(server), worker.thread_switches()
+    before, switched = cpu_seconds(server), thread_switches(worker.process.pid)
     with moved_to(away) if away else contextlib.nullcontext():
         asyncio.run(wait_processed(request_id, 600))
-    after = worker.thread_switches()
-    return (
-        request_id,
-        cpu_seconds(server) - before,
-        (after[0] - switched[0], after[1] - switched[1]),
-    )
+    after = thread_switches(worker.process.pid)
+    return request_id, cpu_seconds(server) - before, since(switched, after)
 
 
 def main() -> None:
@@ -345,7 +347,7 @@ def main() -> None:
                 switched = own_switches()
                 with worker.unsampled():  # its sampler would run beside the reference
                     ref_phase = asyncio.run(reference_phase(reference))
-                ref_switches = [b - a for a, b in zip(switched, own_switches(), strict=True)]
+                ref_switches = since(switched, own_switches())
                 server_ref = cpu_seconds(server) - before
                 ref_cpu = cpu_seconds(this) - mine
                 if control and not flow_first:

@@ -524,11 +524,6 @@ class Worker:
         (first, cpu_first), (last, cpu_last) = inside[0], inside[-1]
         return (cpu_last - cpu_first) * (end - start) / (last - first)
 
-    def thread_switches(self) -> tuple[int, int]:
-        """Context switches so far, voluntary and involuntary, summed over the process's
-        live threads (``/proc``: psutil counts the main thread's alone)."""
-        return thread_switches(self.process.pid)
-
     def stop(self) -> None:
         self._stop.set()
         self._sampling.set()
@@ -536,8 +531,9 @@ class Worker:
 
 
 def thread_switches(pid: int) -> tuple[int, int]:
-    """The voluntary and involuntary context switches of process ``pid``'s live threads (a
-    thread that ends between two readings takes its count with it)."""
+    """The voluntary and involuntary context switches of process ``pid``'s live threads
+    (``/proc``: psutil counts the main thread's alone; a thread that ends between two
+    readings takes its count with it)."""
     voluntary = involuntary = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         with suppress(FileNotFoundError):  # a thread that ended meanwhile

@@ -296,10 +296,9 @@ def test_a_processs_context_switches_are_summed_over_its_threads() -> None:
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"ready\n"
-        voluntary, involuntary = harness.thread_switches(child.pid)
+        voluntary, _ = harness.thread_switches(child.pid)
         status = Path(f"/proc/{child.pid}/status").read_text().splitlines()
         main_alone = next(int(s.split()[1]) for s in status if s.startswith("voluntary_"))
     finally:
         child.communicate(b"\n", timeout=30)
     assert voluntary >= main_alone + 200
-    assert involuntary >= 0
