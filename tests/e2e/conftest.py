@@ -30,7 +30,11 @@ class Sandbox:
     state: SandboxState
 
     def delivered(self, tokens: list[str]) -> dict[str, int]:
-        per_token = dict(self.state.per_token)
+        """How many messages each token got. Read in place, not copied: each read is
+        atomic, and a copy of every token the session's sandbox has seen (300 k after the
+        scale-out test) held the interpreter from the sandbox's thread for milliseconds a
+        call, a few hundred a second in a test polling during a delivery."""
+        per_token = self.state.per_token
         return {token: per_token.get(token, 0) for token in tokens}
 
 

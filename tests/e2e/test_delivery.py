@@ -730,11 +730,13 @@ async def test_a_run_that_outlasts_the_dead_run_limit_keeps_its_worker(
     """The worker sends its runs' heartbeats itself (not Prefect's engine: ``heartbeats.py``):
     a request that takes longer than ``CT_DEAD_RUN_AFTER_SECONDS`` is never marked dead
     nor taken over, and each device gets its message once. The sandbox answers each
-    message after 1 s, one at a time per provider."""
+    message after 1 s, one at a time: ``dead_after + 5`` Android devices take that many
+    seconds (the iOS device of each user would double it, testing nothing more)."""
     dead_after = get_settings().dead_run_after_seconds
     start_worker(CT_DELIVERY_CONCURRENCY="1")
     tenant = seed_tenant()
     audience = bulk_audience(tenant, users=dead_after + 5, prefix=f"long-{uuid.uuid4().hex[:6]}")
+    audience.devices = [d for d in audience.devices if d.app_id == tenant.android]
     add_devices(audience.devices)
     latency = sandbox.state.latency_ms
     sandbox.state.configure(latency_ms=1000)
