@@ -324,7 +324,7 @@ def main() -> None:
         content = csv_bytes(audience.users)
         # The reference requests are claimed before any worker runs, so no worker ever
         # makes them a flow run.
-        # One more than the rounds: the first warms the reference's providers up.
+        # One more than the rounds: the first warms the reference's loop up.
         references = [claim(create_csv_request(audience, content)) for _ in range(args.rounds + 1)]
         away = pin_apart(0) if args.pin else None  # before the control and the worker
         if away:  # start: they inherit this CPU
@@ -343,11 +343,7 @@ def main() -> None:
         server = psutil.Process(int(os.environ[PREFECT_PID]))  # the stack's, shared or not
         worker = Worker(home, "--chunk-concurrency", str(args.chunk_concurrency), **provider)
         this = psutil.Process()
-        # The reference's phases share one event loop, and so its providers and their
-        # connections, as the worker's runs share the worker's: a loop of its own each
-        # phase paid the providers' start (~150 ms) in every phase, a handicap of ~6 % a
-        # chunk at 10 chunks and ~1.5 % at 40 that the flow path never had.
-        warm = asyncio.Runner()
+        warm = asyncio.Runner()  # one loop for every reference phase (module docstring)
         try:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             warm.run(reference_phase(references.pop(0)))
