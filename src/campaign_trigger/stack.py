@@ -68,6 +68,7 @@ class Child:
     name: str
     argv: list[str]
     ready_url: str | None
+    after: tuple[str, ...] = ()  # the children that must answer before this one starts
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -164,11 +165,14 @@ def api_processes(settings: Settings, cpus: int | None) -> int:
 
 
 def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
-    """The children to start, in order, and the environment they share."""
+    """The children to start, in order, and the environment they share. The sandbox and
+    the API start beside the Prefect server (the API keeps what it accepts in its outbox
+    until Prefect answers); the worker and the runner once the server answers."""
     exe = [sys.executable, "-m", "campaign_trigger.cli"]
     external = os.environ.get("PREFECT_API_URL")
     shared: dict[str, str] = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     children: list[Child] = []
+    prefect: tuple[str, ...] = ()  # the Prefect server to wait for: none when external
     if external:
         shared["PREFECT_API_URL"] = external
     else:
@@ -189,6 +193,7 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
                 f"http://127.0.0.1:{settings.prefect_port}/api/health",
             )
         )
+        prefect = ("Prefect server",)
     check_port_free(
         settings.sandbox_host, settings.sandbox_port, "sandbox provider", "CT_SANDBOX_PORT"
     )
@@ -210,8 +215,8 @@ def plan(settings: Settings) -> tuple[list[Child], dict[str, str]]:
             [*exe, "api", "--workers", str(api_processes(settings, os.cpu_count()))],
             f"http://{settings.api_host}:{settings.api_port}/health",
         ),
-        Child("delivery worker", [*exe, "worker"], None),
-        Child("deployment runner", [*exe, "runner"], None),
+        Child("delivery worker", [*exe, "worker"], None, after=prefect),
+        Child("deployment runner", [*exe, "runner"], None, after=prefect),
     ]
     return children, shared
 
@@ -247,8 +252,9 @@ def run(
     say: Callable[[str], None],
     on_ready: Callable[[], None],
 ) -> int:
-    """Start the children, then watch them (restarting any that dies) until a signal;
-    stop them all."""
+    """Start the children (those that come after no other first, then each once those it
+    comes after answer), then watch them (restarting any that dies) until a signal; stop
+    them all."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -258,12 +264,23 @@ def run(
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     os.environ.update(shared_env)
     try:
-        for child in children:
+        by_name = {child.name: child for child in children}
+        answered: set[str] = set()
+
+        def answering(child: Child) -> None:
+            if child.name not in answered:
+                wait_ready(child, timeout=120, say=say)
+                answered.add(child.name)
+
+        for child in sorted(children, key=lambda child: bool(child.after)):  # stable
+            for name in child.after:
+                answering(by_name[name])
             if stopping:
                 return 130
             say(f"Starting the {child.name} …")
             child.start(log_dir=log_dir)
-            wait_ready(child, timeout=120, say=say)
+        for child in children:
+            answering(child)
         on_ready()
         while not stopping:
             for child in children:
