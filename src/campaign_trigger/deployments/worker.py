@@ -46,6 +46,7 @@ from prefect.settings import (
     PREFECT_WORKER_QUERY_SECONDS,
     temporary_settings,
 )
+from prefect.settings.legacy import Setting
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 
 from campaign_trigger import logs, metrics
@@ -338,6 +339,14 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return task
 
 
+def engine_settings(poll_seconds: float) -> dict[Setting, Any]:
+    """Prefect's settings in a worker process: its polling loop's tick, and no heartbeats
+    from Prefect's engine, whose default (180 s in Prefect 3.8) starts a thread for every
+    run and sends a heartbeat as the run starts; the process sends its runs' heartbeats
+    itself (:mod:`heartbeats`)."""
+    return {PREFECT_WORKER_QUERY_SECONDS: poll_seconds, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+
+
 async def run_worker(
     *,
     concurrency: int,
@@ -395,10 +404,7 @@ async def run_worker(
     )
     async with AsyncClientContext.get_or_create(), suspension.one_suspension_watch():
         with (
-            temporary_settings(
-                {PREFECT_WORKER_QUERY_SECONDS: poll_seconds},
-                restore_defaults={PREFECT_FLOWS_HEARTBEAT_FREQUENCY},
-            ),
+            temporary_settings(engine_settings(poll_seconds)),
             watch.watching(),
             beats.beating(),
         ):
