@@ -272,7 +272,8 @@ def run(
                 wait_ready(child, timeout=120, say=say)
                 answered.add(child.name)
 
-        for child in sorted(children, key=lambda child: bool(child.after)):  # stable
+        # Those that wait for none first, each group in the plan's order (a stable sort).
+        for child in sorted(children, key=lambda child: bool(child.after)):
             for name in child.after:
                 answering(by_name[name])
             if stopping:

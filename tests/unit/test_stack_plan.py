@@ -62,24 +62,25 @@ def test_only_the_worker_and_the_runner_wait_for_the_prefect_server(
     }
 
 
-def _stamping(stamp: Path, then: str = "time.sleep(60)") -> list[str]:
-    """A child that writes the time it started to ``stamp``, then does ``then``."""
-    code = f"import time; open({str(stamp)!r}, 'w').write(repr(time.time())); {then}"
+def _stamping(stamp: Path) -> list[str]:
+    """A child that writes the time it started to ``stamp``, then waits."""
+    code = f"import time; open({str(stamp)!r}, 'w').write(repr(time.time())); time.sleep(60)"
     return [sys.executable, "-c", code]
 
 
-def test_a_child_starts_once_those_it_comes_after_answer_and_no_later(tmp_path: Path) -> None:
+def test_a_child_starts_once_those_it_comes_after_answer_the_others_at_once(
+    tmp_path: Path,
+) -> None:
     """The slow server answers 1.5 s after it starts: the child that comes after it starts
     after that, the one that does not before it."""
     port = free_port()
+    answers, after, beside = (tmp_path / n for n in ("answers", "after", "beside"))
     serve = (
-        "time.sleep(1.5); open(__import__('sys').argv[1], 'w').write(repr(time.time())); "
+        f"import time; time.sleep(1.5); open({str(answers)!r}, 'w').write(repr(time.time())); "
         "import http.server as h; "
         f"h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
     )
-    answers, after, beside = (tmp_path / n for n in ("answers", "after", "beside"))
-    server = Child("server", [*_stamping(tmp_path / "server", serve), str(answers)], None)
-    server.ready_url = f"http://127.0.0.1:{port}/"
+    server = Child("server", [sys.executable, "-c", serve], f"http://127.0.0.1:{port}/")
     children = [
         server,
         Child("after", _stamping(after), None, after=("server",)),
