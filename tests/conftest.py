@@ -55,6 +55,16 @@ def session_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def shared_prefect_ssl_contexts() -> None:
+    """Prefect clients of the test process share their TLS context, as a worker's do: the
+    tests open one a poll (``wait_for_state``, 4 a second), and building each context
+    took 15 % of the scale-out test's process, which also runs the sandbox."""
+    from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
+
+    share_prefect_ssl_contexts()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def session_database(session_dir: Path) -> str:
     """The session's migrated SQLite database; its URL."""
     from campaign_trigger.config import get_settings

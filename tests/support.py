@@ -38,17 +38,18 @@ def wait_http(url: str, *, timeout: float = 60.0, process: ManagedProcess | None
     """Poll ``url`` until it answers 2xx; fail early if ``process`` died."""
     deadline = time.monotonic() + timeout
     last: str = ""
-    while time.monotonic() < deadline:
-        if process is not None and process.popen.poll() is not None:
-            raise RuntimeError(f"{process.name} exited early:\n{process.log_tail()}")
-        try:
-            response = httpx.get(url, timeout=2)
-            if response.status_code < 300:
-                return
-            last = f"HTTP {response.status_code}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.2)
+    with httpx.Client(timeout=2) as client:  # one TLS context (~40 ms of CPU each), not one a try
+        while time.monotonic() < deadline:
+            if process is not None and process.popen.poll() is not None:
+                raise RuntimeError(f"{process.name} exited early:\n{process.log_tail()}")
+            try:
+                response = client.get(url)
+                if response.status_code < 300:
+                    return
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+            time.sleep(0.2)
     tail = process.log_tail() if process else ""
     raise TimeoutError(f"{url} not ready after {timeout}s ({last})\n{tail}")
 

@@ -302,8 +302,9 @@ async def _completed_once(sandbox: Sandbox, killed: Killed) -> None:
     doubled = {t: n for t, n in counts.items() if n > 1}
     assert set(doubled.values()) <= {2}
     assert len(doubled) <= KILL_CONCURRENCY
+    per_token = sandbox.state.per_token_collapse  # built anew at each read: read once
     for token in doubled:  # the second copy replaces the first on the device
-        per_collapse = sandbox.state.per_token_collapse[token]
+        per_collapse = per_token[token]
         assert len(per_collapse) == 1, per_collapse
         assert "" not in per_collapse
     print(

@@ -29,6 +29,7 @@ import pyarrow.csv as pcsv
 from campaign_trigger.errors import InvalidInput
 from campaign_trigger.schemas.csv import MAX_USER_ID, USER_COLUMN, message_file_model
 from campaign_trigger.services.message_file import USER_FIELD, MessageFileWriter
+from campaign_trigger.services.trigger_input import missing_variables_error
 from campaign_trigger.services.uploads import READ_ERROR, ContentFacts
 from campaign_trigger.store.files import Storage
 
@@ -42,10 +43,6 @@ NO_ROWS = "Invalid file : no messages (the file has a header and no rows)"
 BLOCK_BYTES = 1 << 19
 CHECK_ROWS = 1 << 17
 MAX_HEADER_BYTES = 1 << 20
-
-
-def missing_variables_error(missing: Sequence[str]) -> InvalidInput:
-    return InvalidInput(f"Invalid file : missing variables : ({', '.join(missing)})")
 
 
 def read_header(storage: Storage, key: str) -> list[str]:

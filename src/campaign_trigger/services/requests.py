@@ -29,7 +29,6 @@ from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, CampaignNotReady, Conflict, InvalidInput
 from campaign_trigger.schemas.preview import TriggerPreview
 from campaign_trigger.services import app_credentials, lookup, preview, scheduling
-from campaign_trigger.services.ingest import ingest_message_file
 from campaign_trigger.services.json_text import as_text
 from campaign_trigger.services.message_file import write_messages
 from campaign_trigger.services.send_time import resolve_send_at
@@ -296,6 +295,11 @@ def _checked(
         uploads.append(upload)
     file_key = messages_key(request_id)
     if upload is not None:
+        # Imported here: pandas and pandera are a quarter of a worker process's start
+        # (3 of 12 s of CPU on a slow machine), and the worker ingests a file only for a
+        # send-batch run; the API loads them as it starts (``api/app.py``).
+        from campaign_trigger.services.ingest import ingest_message_file
+
         sniff_csv(upload.head, filename=upload.filename, content_type=upload.content_type)
         count = ingest_message_file(
             storage=files,

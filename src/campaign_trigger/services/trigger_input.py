@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from campaign_trigger.errors import InvalidInput
-from campaign_trigger.services.ingest import missing_variables_error
 from campaign_trigger.services.uploads import StoredUpload
 
 NO_CAMPAIGN_ID = "You must provide a campaign identifier"
@@ -25,6 +24,11 @@ NEITHER = "Must provide JSON messages or a CSV file"
 BOTH = "Must provide either JSON messages or a CSV file"
 USER_ID_MISSING = "Invalid messages : 'user_id' key is missing"
 MAX_USER_ID = 200
+
+
+def missing_variables_error(missing: Sequence[str]) -> InvalidInput:
+    """The template's variables that neither the messages nor the file's header hold."""
+    return InvalidInput(f"Invalid file : missing variables : ({', '.join(missing)})")
 
 
 class Missing:
