@@ -24,7 +24,7 @@ from campaign_trigger.api.middleware import ResponseHeadersMiddleware
 from campaign_trigger.api.observability import ObservabilityMiddleware, install_observability
 from campaign_trigger.config import get_settings
 from campaign_trigger.services import health
-from campaign_trigger.services import ingest as _ingest  # noqa: F401  (see create_request)
+from campaign_trigger.services import ingest as _ingest  # noqa: F401  (services/requests.py)
 from campaign_trigger.store.files import get_storage
 
 

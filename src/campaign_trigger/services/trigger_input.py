@@ -27,7 +27,7 @@ MAX_USER_ID = 200
 
 
 def missing_variables_error(missing: Sequence[str]) -> InvalidInput:
-    """The template's variables that neither the messages nor the file's header hold."""
+    """The error naming the template's variables that no message or file column holds."""
     return InvalidInput(f"Invalid file : missing variables : ({', '.join(missing)})")
 
 
