@@ -1,0 +1,108 @@
+"""A delivery step that fails on the way (a storage or database hiccup) is retried as a
+Prefect task retry, shown in the UI; one the service refused on purpose is not."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from prefect import get_client
+
+from campaign_trigger.errors import RequestStateError
+from campaign_trigger.services import message_file
+from campaign_trigger.services.scheduling import notify_new_request
+from campaign_trigger.store.models import RequestState
+from delivery_support import (
+    add_devices,
+    add_request,
+    bulk_audience,
+    load_request,
+    recorded_task_runs,
+    sandbox_stats,
+    seed_tenant,
+    state_name,
+    wait_for_state,
+)
+
+pytestmark = [pytest.mark.slow]
+
+
+def failing_once(monkeypatch: pytest.MonkeyPatch, error: Exception) -> list[int]:
+    """Make the first read of a chunk raise ``error``; the reads' chunk numbers."""
+    read_chunk: Callable[..., Any] = message_file.read_chunk
+    reads: list[int] = []
+
+    def read_failing_once(**kwargs: Any) -> Any:
+        reads.append(kwargs["chunk_no"])
+        if len(reads) == 1:
+            raise error
+        return read_chunk(**kwargs)
+
+    monkeypatch.setattr(message_file, "read_chunk", read_failing_once)
+    return reads
+
+
+async def chunk_task_states(flow_run_id: str) -> tuple[int, list[str]]:
+    """The ``deliver chunk`` task run's run count and the names of its states, in order."""
+    [chunk] = [
+        task_run
+        for task_run in await recorded_task_runs(
+            [uuid.UUID(flow_run_id)],
+            lambda runs: any(
+                r.name.startswith("deliver chunk") and r.state and r.state.is_final() for r in runs
+            ),
+        )
+        if task_run.name.startswith("deliver chunk")
+    ]
+    async with get_client() as client:
+        states = await client.read_task_run_states(chunk.id)
+    return chunk.run_count, [state.name for state in sorted(states, key=lambda s: s.timestamp)]
+
+
+async def test_a_chunk_whose_storage_fails_once_is_retried_and_each_device_gets_one_message(
+    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = failing_once(monkeypatch, OSError("storage hiccup"))
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=3, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+    notify_new_request(request_id)
+
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+
+    assert state_name(run) == "COMPLETED", run.state
+    assert reads == [0, 0]
+    run_count, states = await chunk_task_states(str(run.id))
+    assert run_count == 2
+    assert states == ["Pending", "Running", "AwaitingRetry", "Retrying", "Completed"]
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(device.token) for device in audience.devices] == [1] * len(
+        audience.devices
+    )
+    assert load_request(request_id).state == RequestState.processed
+
+
+async def test_a_chunk_refused_on_purpose_is_not_retried(
+    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = failing_once(monkeypatch, RequestStateError("Request already canceled"))
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+    notify_new_request(request_id)
+
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+
+    assert state_name(run) == "FAILED", run.state
+    assert reads == [0]
+    run_count, states = await chunk_task_states(str(run.id))
+    assert run_count == 1
+    assert states == ["Pending", "Running", "Failed"]
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert all(device.token not in per_token for device in audience.devices)
+    assert load_request(request_id).state == RequestState.failed
