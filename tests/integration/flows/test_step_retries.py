@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from prefect import get_client
+from sqlalchemy.exc import OperationalError
 
 from campaign_trigger.errors import RequestStateError
-from campaign_trigger.services import message_file
+from campaign_trigger.services import message_file, outcome_log
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.models import RequestState
 from delivery_support import (
@@ -105,4 +106,40 @@ async def test_a_chunk_refused_on_purpose_is_not_retried(
     assert states == ["Pending", "Running", "Failed"]
     per_token = sandbox_stats(sandbox_url)["per_token"]
     assert all(device.token not in per_token for device in audience.devices)
+    assert load_request(request_id).state == RequestState.failed
+
+
+async def test_a_chunk_whose_answers_cannot_be_recorded_is_not_retried_and_sends_none_twice(
+    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database fails the first batch of answers, after their messages were sent: a
+    retry would send them again (they are not recorded), so the run fails instead."""
+    commit = outcome_log._commit
+    failed: list[int] = []
+
+    def commit_failing_once(session: Any, rows: Any, **kwargs: Any) -> None:
+        if rows and not failed:
+            failed.append(len(rows))
+            raise OperationalError("INSERT INTO outcome", {}, OSError("database unreachable"))
+        commit(session, rows, **kwargs)
+
+    monkeypatch.setattr(outcome_log, "_commit", commit_failing_once)
+    reads = failing_once(monkeypatch, OSError("storage hiccup"))  # retried: before any send
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=20, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+    notify_new_request(request_id)
+
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+
+    assert state_name(run) == "FAILED", run.state
+    assert reads == [0, 0]
+    assert failed
+    run_count, states = await chunk_task_states(str(run.id))
+    assert run_count == 2
+    assert states == ["Pending", "Running", "AwaitingRetry", "Retrying", "Failed"]
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    sent = [per_token.get(device.token, 0) for device in audience.devices]
+    assert max(sent) == 1  # some sent, none twice
     assert load_request(request_id).state == RequestState.failed
