@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from prefect import get_client
+from prefect.client.schemas.objects import FlowRun
 from sqlalchemy.exc import OperationalError
 
 from campaign_trigger.errors import RequestStateError
@@ -46,6 +47,20 @@ def failing_once(monkeypatch: pytest.MonkeyPatch, error: Exception) -> list[int]
     return reads
 
 
+async def send_now(sandbox_url: str, *, users: int) -> tuple[str, FlowRun, dict[str, int]]:
+    """A send-now request to ``users`` new users (two devices each), once its run ended:
+    its id, its run, and how many messages the sandbox got for each of its devices."""
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=users, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+    notify_new_request(request_id)
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    tokens = {device.token for device in audience.devices}
+    return request_id, run, {token: n for token, n in per_token.items() if token in tokens}
+
+
 async def chunk_task_states(flow_run_id: str) -> tuple[int, list[str]]:
     """The ``deliver chunk`` task run's run count and the names of its states, in order."""
     [chunk] = [
@@ -67,23 +82,14 @@ async def test_a_chunk_whose_storage_fails_once_is_retried_and_each_device_gets_
     worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = failing_once(monkeypatch, OSError("storage hiccup"))
-    tenant = seed_tenant()
-    audience = bulk_audience(tenant, users=3, prefix=uuid.uuid4().hex[:6])
-    add_devices(audience.devices)
-    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
-    notify_new_request(request_id)
-
-    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    request_id, run, per_token = await send_now(sandbox_url, users=3)
 
     assert state_name(run) == "COMPLETED", run.state
     assert reads == [0, 0]
     run_count, states = await chunk_task_states(str(run.id))
     assert run_count == 2
     assert states == ["Pending", "Running", "AwaitingRetry", "Retrying", "Completed"]
-    per_token = sandbox_stats(sandbox_url)["per_token"]
-    assert [per_token.get(device.token) for device in audience.devices] == [1] * len(
-        audience.devices
-    )
+    assert list(per_token.values()) == [1] * 6  # each device of the 3 users
     assert load_request(request_id).state == RequestState.processed
 
 
@@ -91,21 +97,14 @@ async def test_a_chunk_refused_on_purpose_is_not_retried(
     worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = failing_once(monkeypatch, RequestStateError("Request already canceled"))
-    tenant = seed_tenant()
-    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
-    add_devices(audience.devices)
-    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
-    notify_new_request(request_id)
-
-    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    request_id, run, per_token = await send_now(sandbox_url, users=2)
 
     assert state_name(run) == "FAILED", run.state
     assert reads == [0]
     run_count, states = await chunk_task_states(str(run.id))
     assert run_count == 1
     assert states == ["Pending", "Running", "Failed"]
-    per_token = sandbox_stats(sandbox_url)["per_token"]
-    assert all(device.token not in per_token for device in audience.devices)
+    assert per_token == {}
     assert load_request(request_id).state == RequestState.failed
 
 
@@ -125,13 +124,7 @@ async def test_a_chunk_whose_answers_cannot_be_recorded_is_not_retried_and_sends
 
     monkeypatch.setattr(outcome_log, "_commit", commit_failing_once)
     reads = failing_once(monkeypatch, OSError("storage hiccup"))  # retried: before any send
-    tenant = seed_tenant()
-    audience = bulk_audience(tenant, users=20, prefix=uuid.uuid4().hex[:6])
-    add_devices(audience.devices)
-    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
-    notify_new_request(request_id)
-
-    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=90)
+    request_id, run, per_token = await send_now(sandbox_url, users=20)
 
     assert state_name(run) == "FAILED", run.state
     assert reads == [0, 0]
@@ -139,7 +132,5 @@ async def test_a_chunk_whose_answers_cannot_be_recorded_is_not_retried_and_sends
     run_count, states = await chunk_task_states(str(run.id))
     assert run_count == 2
     assert states == ["Pending", "Running", "AwaitingRetry", "Retrying", "Failed"]
-    per_token = sandbox_stats(sandbox_url)["per_token"]
-    sent = [per_token.get(device.token, 0) for device in audience.devices]
-    assert max(sent) == 1  # some sent, none twice
+    assert set(per_token.values()) == {1}  # some sent, none twice
     assert load_request(request_id).state == RequestState.failed
