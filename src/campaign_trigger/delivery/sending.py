@@ -229,7 +229,17 @@ class RetryingSender(ABC):
                 finally:
                     slots.release()
 
-        await asyncio.gather(*(worker() for _ in range(min(self._concurrency, sendable))))
+        workers = [asyncio.ensure_future(worker()) for _ in range(min(self._concurrency, sendable))]
+        try:
+            await asyncio.gather(*workers)
+        except BaseException:
+            # One failed (an answer that could not be recorded): the others stop now, their
+            # slots given back, instead of sending on and then waiting for ever on a
+            # recorder that is gone, holding slots the process's next chunks need.
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
 
     def _failed(self, message: PushMessage, reason: str) -> PushResult:
         return PushResult(message.key, FP_ERR_PUSH_FAILED, None, None, reason)

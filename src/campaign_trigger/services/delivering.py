@@ -51,6 +51,14 @@ from campaign_trigger.store.models import Channel, Platform
 logger = logging.getLogger(__name__)
 
 
+class SendsInterrupted(Exception):
+    """A chunk's sends broke off part way (an answer that could not be recorded, a
+    provider call that failed): messages in flight may have reached the provider without
+    their rows, so the chunk is not tried again by its task's retries, where they would
+    go twice. Its run fails; what was recorded stays recorded. A step that fails before
+    its first send is retried (``tasks/delivery.py``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkJob:
     """Everything a chunk needs besides its messages (small, picklable)."""
@@ -204,7 +212,14 @@ async def _send_push(
             metrics.count_messages(provider_name, {FP_ERR_PUSH_FAILED: len(messages)})
             continue
         async with provider_lease(settings, app, credentials, provider_for) as provider:
-            results = await provider.send_many(messages, on_result=record)
+            try:
+                results = await provider.send_many(messages, on_result=record)
+            except Exception as exc:  # every answer was recorded once send_many returns
+                raise SendsInterrupted(
+                    f"chunk {job.chunk_no + 1} of request {job.request_id}: its sends to "
+                    f"app {app.app_id} broke off ({exc!r}); not tried again, so that no "
+                    "message in flight goes twice"
+                ) from exc
             metrics.count_messages(provider_name, Counter(r.error_message for r in results))
             _log_failures(job, app, provider, results)
             if provider.auth_failed:

@@ -35,13 +35,19 @@ from campaign_trigger.store.files import get_storage, messages_key
 from campaign_trigger.store.models import RequestState
 
 
-def _worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+async def _worth_retrying(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
     """Retry a step that failed on the way (a database or storage hiccup), never one the
-    service refused on purpose (a stale or unknown request): a step is safe to retry,
-    since a chunk resumes at its first unrecorded message."""
+    service refused on purpose (a stale or unknown request), nor a chunk whose sends
+    broke off part way (:class:`delivering.SendsInterrupted`: its messages in flight
+    would go twice): a step that failed before its first send is safe to retry, since a
+    chunk resumes at its first unrecorded message.
+
+    A coroutine: Prefect's engine calls the condition of an async task inside its event
+    loop, where ``state.result()`` gives back a coroutine instead of raising, so a plain
+    function found no error and no step was ever retried."""
     try:
-        state.result(raise_on_failure=True)
-    except CampaignTriggerError:
+        await state.aresult(raise_on_failure=True)
+    except (CampaignTriggerError, delivering.SendsInterrupted):
         return False
     except Exception:
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import UTC, datetime
@@ -241,3 +242,49 @@ async def test_unreachable_provider_is_retried_then_push_failed(
         await provider.aclose()
     assert result.error_message == "FPErrPushFailed"
     assert not provider.auth_failed
+
+
+async def test_an_answer_not_recorded_stops_the_other_sends_and_gives_every_slot_back(
+    settings: Settings, sandbox: str
+) -> None:
+    """The first answer's record fails; the others never return, as with the recorder
+    a failed chunk abandons: the call fails at once, and the sends still waiting are
+    stopped, their slots given back for the process's next chunk."""
+    provider = FcmProvider(fcm_credentials(settings), concurrency=4)
+    answers = 0
+
+    async def record_failing_first(result: object) -> None:
+        nonlocal answers
+        answers += 1
+        if answers == 1:
+            raise OSError("the report could not be written")
+        await asyncio.Event().wait()  # the abandoned recorder never answers
+
+    held, all_held = 0, asyncio.Event()
+
+    async def record_once_all_slots_are_held(result: object) -> None:
+        nonlocal held
+        held += 1
+        if held == 4:
+            all_held.set()
+        await all_held.wait()
+
+    try:
+        with pytest.raises(OSError, match="could not be written"):
+            await asyncio.wait_for(
+                provider.send_many(
+                    [message(i, f"lost-{i}") for i in range(20)], on_result=record_failing_first
+                ),
+                10,
+            )
+        results = await asyncio.wait_for(  # for ever while stuck sends hold slots
+            provider.send_many(
+                [message(i, f"after-{i}") for i in range(4)],
+                on_result=record_once_all_slots_are_held,
+            ),
+            10,
+        )
+    finally:
+        await provider.aclose()
+    assert [r.error_message for r in results] == [""] * 4
+    assert answers <= 4  # no send began after the failure
