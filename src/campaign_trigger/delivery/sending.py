@@ -229,7 +229,7 @@ class RetryingSender(ABC):
                 finally:
                     slots.release()
 
-        workers = [asyncio.ensure_future(worker()) for _ in range(min(self._concurrency, sendable))]
+        workers = [asyncio.create_task(worker()) for _ in range(min(self._concurrency, sendable))]
         try:
             await asyncio.gather(*workers)
         except BaseException:
