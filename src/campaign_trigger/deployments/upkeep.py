@@ -90,8 +90,10 @@ async def own_run(run: FlowRun, *, owner: str) -> None:
 async def finish_cancel(
     client: PrefectClient, run: FlowRun, *, message: str = "Cancelled by campaign-trigger"
 ) -> None:
-    """The run is Cancelled, and so is its request."""
+    """The run is Cancelled, and so is its request; a request's run ends its shares."""
     await prefect_runs.cancel_claimed(client, run.id, message=message)
+    if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
+        await prefect_runs.cancel_shares(client, run.id)
 
     def write() -> None:
         with session_scope() as session:

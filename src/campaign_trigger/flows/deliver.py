@@ -143,9 +143,12 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
 
 
 @flow(name="deliver-chunks", persist_result=False, result_storage=RESULT_STORAGE)
-async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int:
-    """Deliver a share of a request's chunks (the request's run made this its subflow)."""
+async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int | State[Any]:
+    """Deliver a share of a request's chunks (the request's run made this its subflow),
+    none if the request was cancelled (a share claimed as its request's run stopped)."""
     plan = await read_plan(request_id)
+    if plan.canceled:
+        return Cancelled(message="The request was cancelled")
     todo = [n for n in chunk_nos if n not in plan.recorded]
     in_worker = _in_worker()
     slot = _no_slot if in_worker is None else functools.partial(in_worker[0].chunk, in_worker[1])

@@ -93,11 +93,12 @@ def load_request(*, session: Session, request_id: str) -> tuple[Request, Campaig
 
 
 def read_plan(*, session: Session, request_id: str) -> DeliveryPlan:
-    """The request's delivery as it stands (no gate, no claim): for a share of its
-    chunks run elsewhere."""
+    """The request's delivery as it stands (no gate, no claim; ``canceled`` if the request
+    is): for a share of its chunks run elsewhere."""
     request, campaign = load_request(session=session, request_id=request_id)
     plan = delivery_plan(session=session, request=request, campaign=campaign)
     plan.recorded = recorded_chunks(session=session, request_id=request_id)
+    plan.canceled = request.state == RequestState.canceled
     return plan
 
 
@@ -127,12 +128,11 @@ def start_delivery(
 
     Commits: the claim (or the failure of a stale request) stands whatever follows.
     """
-    request = load_request(session=session, request_id=request_id)[0]
     plan = read_plan(session=session, request_id=request_id)
-    if request.state == RequestState.canceled or not _claim(session, request_id):
+    if plan.canceled or not _claim(session, request_id):
         plan.canceled = True
         return plan
-    lateness = ((now or datetime.now(UTC)) - request.send_at).total_seconds()
+    lateness = ((now or datetime.now(UTC)) - plan.send_at).total_seconds()
     if lateness > settings.max_lateness_seconds and not plan.recorded:
         request_states.set_state(session=session, request_id=request_id, state=RequestState.failed)
         session.commit()

@@ -24,6 +24,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterDeploymentId,
     FlowRunFilterId,
     FlowRunFilterNextScheduledStartTime,
+    FlowRunFilterParentFlowRunId,
     FlowRunFilterState,
     FlowRunFilterStateName,
     FlowRunFilterStateType,
@@ -34,7 +35,7 @@ from prefect.client.schemas.objects import FlowRun, StateType, WorkerStatus
 from prefect.client.schemas.responses import OrchestrationResult, SetStateStatus
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Cancelled, Pending
+from prefect.states import Cancelled, Cancelling, Pending
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +236,38 @@ async def cancel_if_scheduled(
         return False
     await cancel_claimed(client, flow_run_id, message="Cancelled by campaign-trigger")
     return True
+
+
+async def cancel_shares(client: PrefectClient, request_run_id: UUID) -> None:
+    """End the share runs (``deliver-chunks`` subflows) of a request's run that was
+    cancelled: one not claimed yet is cancelled at once (:func:`cancel_if_scheduled`), one
+    claimed is set Cancelling, and its worker stops it. Prefect's own clean-up of a
+    cancelled run's subflows comes up to 20 s later, and meanwhile any worker with room
+    could claim a share and send its chunks."""
+    while True:  # a page at a time; an ended share leaves the filter
+        shares = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[request_run_id]),
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(
+                        any_=[
+                            StateType.SCHEDULED,
+                            StateType.PENDING,
+                            StateType.RUNNING,
+                            StateType.PAUSED,
+                        ]
+                    )
+                ),
+            ),
+            limit=PAGE_LIMIT,
+        )
+        for share in shares:
+            if not await cancel_if_scheduled(client, share.id, run=share):
+                await client.set_flow_run_state(
+                    share.id, Cancelling(message="Its request was cancelled"), force=True
+                )
+        if len(shares) < PAGE_LIMIT:
+            return
 
 
 def scheduled_filter(

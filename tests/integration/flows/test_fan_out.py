@@ -16,13 +16,16 @@ from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterParentFlowRunId,
 )
-from prefect.client.schemas.objects import FlowRun, State, TaskRun
-from prefect.states import Completed, Crashed, Running, Scheduled
+from prefect.client.schemas.objects import FlowRun, State, StateType, TaskRun
+from prefect.states import Cancelling, Completed, Crashed, Running, Scheduled
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.flows import fan_out
-from campaign_trigger.services import prefect_runs
+from campaign_trigger.flows.deliver import deliver_chunks
+from campaign_trigger.services import prefect_runs, request_states
+from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.models import RequestState
 from delivery_support import (
     add_devices,
     add_request,
@@ -265,3 +268,75 @@ async def test_a_taken_over_request_finds_every_share_run_it_made_past_a_page(
     assert await fan_out._shares_made(request_run.id) == made
     assert await fan_out._shares_made(other.id) == {}
     assert await fan_out._shares_made(None) == {}
+
+
+async def _shares_of(run: FlowRun) -> list[FlowRun]:
+    async with get_client() as client:
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
+            )
+        )
+
+
+async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_shares(
+    one_chunk_per_run_two_live: None, worker: None, sandbox_url: str, sandbox_state: SandboxState
+) -> None:
+    # Cancelled in the UI while it delivers, with share runs made: they end Cancelled with
+    # it, and nobody sends another message of it. Unfenced, a share offered and not yet
+    # claimed stayed Scheduled (Prefect's own clean-up of a cancelled run's subflows looks
+    # every 20 s) and the worker, its slots freed by the cancel, claimed it and sent its
+    # chunks: a cancelled request went on being delivered.
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=24, prefix=f"stop-{uuid.uuid4().hex[:6]}")
+    audience.devices = [d for d in audience.devices if d.app_id == tenant.android]
+    add_devices(audience.devices)
+    tokens = [d.token for d in audience.devices]
+    sandbox_state.configure(latency_ms=500)  # each chunk of 2 lasts at least 0.5 s
+    try:
+        request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=2)
+        await drain()
+        run = await wait_for_state(request_id, "RUNNING", timeout=30)
+        async with asyncio.timeout(30):
+            while not await _shares_of(run):  # shares made: offered, maybe claimed
+                await asyncio.sleep(0.1)
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling())
+        run = await wait_for_state(request_id, "CANCELLED", "COMPLETED", timeout=30)
+        assert state_name(run) == "CANCELLED"
+        async with asyncio.timeout(10):  # well within Prefect's own 20 s
+            while True:
+                shares = await _shares_of(run)
+                if all(s.state and s.state.is_final() for s in shares):
+                    break
+                await asyncio.sleep(0.2)
+        assert {state_name(s) for s in shares} == {"CANCELLED"}, [s.state for s in shares]
+        await asyncio.sleep(1.0)  # the answers of messages in flight at the stop land
+        sent = sandbox_stats(sandbox_url)["per_token"]
+        await asyncio.sleep(3.0)  # the worker, its slots free, polls ten times meanwhile
+        again = sandbox_stats(sandbox_url)["per_token"]
+    finally:
+        sandbox_state.configure(latency_ms=0)
+    assert [again.get(t, 0) for t in tokens] == [sent.get(t, 0) for t in tokens]
+    assert sum(again.get(t, 0) for t in tokens) < len(tokens)  # stopped before its end
+
+
+async def test_a_share_of_a_cancelled_request_sends_nothing(
+    deployed: object, sandbox_url: str
+) -> None:
+    # A share claimed between its request's cancel and the end of its share runs (above)
+    # ends Cancelled without a send.
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=4, prefix=f"gone-{uuid.uuid4().hex[:6]}")
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=2)
+    with session_scope() as session:
+        request_states.set_state(
+            session=session, request_id=request_id, state=RequestState.canceled
+        )
+        session.commit()
+    ended = await deliver_chunks.fn(request_id, [1])
+    assert isinstance(ended, State), ended
+    assert ended.type == StateType.CANCELLED
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(d.token, 0) for d in audience.devices] == [0] * len(audience.devices)

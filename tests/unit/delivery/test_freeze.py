@@ -2,7 +2,7 @@
 the watch's thread finds the freeze out when it wakes, a send when its transport is about
 to write (``integration/delivery/test_freeze_transports.py``); an idle process goes on.
 So does one whose runs' heartbeats went unanswered for longer than its lease (a process
-cut off from Prefect: ``e2e/test_delivery.py``)."""
+cut off from Prefect: ``e2e/test_takeover_partition.py``)."""
 
 from __future__ import annotations
 
