@@ -90,10 +90,14 @@ async def own_run(run: FlowRun, *, owner: str) -> None:
 async def finish_cancel(
     client: PrefectClient, run: FlowRun, *, message: str = "Cancelled by campaign-trigger"
 ) -> None:
-    """The run is Cancelled, and so is its request; a request's run ends its shares."""
+    """The run is Cancelled, and so is its request, as a whole: a request's run ends its
+    shares, and a share cancelled on its own (the UI's *Cancel* on it) stops its
+    request's run, which then ends the others."""
     await prefect_runs.cancel_claimed(client, run.id, message=message)
     if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
         await prefect_runs.cancel_shares(client, run.id)
+    elif run.parent_task_run_id is not None:
+        await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
     def write() -> None:
         with session_scope() as session:

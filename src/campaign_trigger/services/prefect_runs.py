@@ -270,6 +270,20 @@ async def cancel_shares(client: PrefectClient, request_run_id: UUID) -> None:
             return
 
 
+async def stop_request_of_share(client: PrefectClient, parent_task_run_id: UUID) -> None:
+    """Set Cancelling the request's run a share (its subflow, made by the task run
+    ``parent_task_run_id``) belongs to, unless it has ended: its worker stops it."""
+    parent = await client.read_task_run(parent_task_run_id)
+    if parent.flow_run_id is None:
+        return
+    request_run = await client.read_flow_run(parent.flow_run_id)
+    if request_run.state is None or request_run.state.type != StateType.RUNNING:
+        return  # ended (a cancelled request's run ends its shares itself), or not begun
+    await client.set_flow_run_state(
+        request_run.id, Cancelling(message="A share of its chunks was cancelled")
+    )
+
+
 def scheduled_filter(
     *, dep_id: UUID, ids: Sequence[UUID] | None = None, due_before: datetime | None = None
 ) -> FlowRunFilter:
