@@ -19,17 +19,13 @@ $(STAMP): pyproject.toml requirements.lock
 up: $(STAMP)
 	$(BIN)/campaign-trigger up
 
-# The test files side by side, one process per core and one more (at most 4), each with
-# its own Prefect server, database and sandbox; a file's tests stay together in one
-# process. The one more: the takeover tests spend most of their time waiting for Prefect
-# to find a run dead (40 s each), leaving their process's core idle.
+# The test files side by side, one process per core (at most 4), each with its own
+# Prefect server, database and sandbox; a file's tests stay together in one process.
 # Files are handed out in the order they are collected, the end-to-end ones (the longest)
 # first: xdist's default, most tests first, left minutes-long files of a few tests for the
 # end, one process running them while the others had nothing left.
-TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0)) + 1))')
-
 test: $(STAMP)
-	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow and not e2e"
