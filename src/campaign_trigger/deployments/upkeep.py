@@ -94,10 +94,6 @@ async def finish_cancel(
     shares, and a share cancelled on its own (the UI's *Cancel* on it) stops its
     request's run, which then ends the others."""
     await prefect_runs.cancel_claimed(client, run.id, message=message)
-    if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
-        await prefect_runs.cancel_shares(client, run.id)
-    elif run.parent_task_run_id is not None:
-        await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
     def write() -> None:
         with session_scope() as session:
@@ -105,7 +101,13 @@ async def finish_cancel(
                 session=session, request_id=_request_of(run), state=RequestState.canceled
             )
 
+    # The request before the shares: one who saw the run Cancelled finds it cancelled
+    # too, and a share claimed from now on sends nothing.
     await asyncio.to_thread(write)
+    if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
+        await prefect_runs.cancel_shares(client, run.id)
+    elif run.parent_task_run_id is not None:
+        await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
 
 async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
