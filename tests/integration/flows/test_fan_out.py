@@ -44,6 +44,15 @@ from delivery_support import (
 pytestmark = [pytest.mark.slow]
 
 
+async def _shares_of(run: FlowRun) -> list[FlowRun]:
+    async with get_client() as client:
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
+            )
+        )
+
+
 async def _delivered_through_shares(
     sandbox_url: str, *, users: int, chunk_size: int
 ) -> tuple[FlowRun, list[FlowRun]]:
@@ -58,12 +67,7 @@ async def _delivered_through_shares(
     await drain()
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=120)
     assert state_name(run) == "COMPLETED", run.state
-    async with get_client() as client:
-        shares = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
-            )
-        )
+    shares = await _shares_of(run)
     rows = read_report(request_id)
     assert sorted(r["user_id"] for r in rows[tenant.android]) == sorted(audience.users)
     per_token = sandbox_stats(sandbox_url)["per_token"]
@@ -270,15 +274,6 @@ async def test_a_taken_over_request_finds_every_share_run_it_made_past_a_page(
     assert await fan_out._shares_made(request_run.id) == made
     assert await fan_out._shares_made(other.id) == {}
     assert await fan_out._shares_made(None) == {}
-
-
-async def _shares_of(run: FlowRun) -> list[FlowRun]:
-    async with get_client() as client:
-        return await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])
-            )
-        )
 
 
 async def _running_share(run: FlowRun) -> FlowRun | None:
