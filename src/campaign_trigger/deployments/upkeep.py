@@ -94,6 +94,17 @@ async def finish_cancel(
     shares, and a share cancelled on its own (the UI's *Cancel* on it) stops its
     request's run, which then ends the others."""
     await prefect_runs.cancel_claimed(client, run.id, message=message)
+    # The request before the shares: one who saw the run Cancelled finds it cancelled
+    # too, and a share claimed from now on sends nothing.
+    await mark_canceled(run)
+    if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
+        await prefect_runs.cancel_shares(client, run.id)
+    elif run.parent_task_run_id is not None:
+        await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
+
+
+async def mark_canceled(run: FlowRun) -> None:
+    """Mirror the run's cancel on its request (a share's: on the request it is part of)."""
 
     def write() -> None:
         with session_scope() as session:
@@ -101,13 +112,7 @@ async def finish_cancel(
                 session=session, request_id=_request_of(run), state=RequestState.canceled
             )
 
-    # The request before the shares: one who saw the run Cancelled finds it cancelled
-    # too, and a share claimed from now on sends nothing.
     await asyncio.to_thread(write)
-    if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
-        await prefect_runs.cancel_shares(client, run.id)
-    elif run.parent_task_run_id is not None:
-        await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
 
 async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
@@ -134,12 +139,16 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         return
     runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
     for run in runs:
+        if not any(run.id in w.active for w in workers):
+            continue
+        # Cancelling is already canceled for the request (request_states): written before
+        # the stop, whose Crashed and crash hook then leave it so.
+        await mark_canceled(run)
         tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
         if not tasks:
             continue
-        task = tasks[0]
         logger.warning("run %s was cancelled while running: stopping it", run.id)
-        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(tasks[0], return_exceptions=True)
         await finish_cancel(client, run, message="Cancelled while running")
 
 

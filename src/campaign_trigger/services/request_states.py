@@ -5,6 +5,11 @@ for queries. :func:`mirror_of` is THE mapping from a Prefect state type to a req
 state, used by the API's reads, the reconciler and the workers; :func:`set_state`
 writes the mirror, optionally only from the state the caller saw (so a correction never
 overwrites a newer write), and queues the completion webhooks of a final state.
+
+A cancelled request stays cancelled: no run of it starts again (its claim is refused),
+and what its stopped run goes through on its way to Cancelled (Crashed as its task is
+cancelled, a crash hook's ``failed``) must not reach the tenant as a second, wrong
+completion event.
 """
 
 from __future__ import annotations
@@ -49,11 +54,11 @@ def set_state(
     state: RequestState,
     only_from: Collection[RequestState] | None = None,
 ) -> bool:
-    """Mirror ``state`` on the request (only from ``only_from`` when given); True if
-    it changed (the caller commits). A request reaching a final state queues its
-    completion webhooks in the same transaction."""
+    """Mirror ``state`` on the request (only from ``only_from`` when given, never from
+    canceled); True if it changed (the caller commits). A request reaching a final state
+    queues its completion webhooks in the same transaction."""
     statement = update(Request).where(col(Request.id) == request_id)
-    statement = statement.where(col(Request.state) != state)
+    statement = statement.where(col(Request.state).not_in([state, RequestState.canceled]))
     if only_from is not None:
         statement = statement.where(col(Request.state).in_(list(only_from)))
     result = session.execute(statement.values(state=state))

@@ -12,15 +12,16 @@ import pytest
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.states import Cancelling
+from sqlmodel import select
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
-from campaign_trigger.services import lifecycle, prefect_runs
+from campaign_trigger.services import lifecycle, prefect_runs, webhooks
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.models import Request, RequestState
+from campaign_trigger.store.models import Request, RequestState, WebhookDelivery
 from delivery_support import (
     add_devices,
     add_request,
@@ -239,6 +240,10 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
         monkeypatch.setattr(wakeup, "get_events_subscriber", _no_event_stream)
         monkeypatch.setattr(upkeep, "FALLBACK_SECONDS", 3600.0)
     tenant = seed_tenant()
+    with session_scope() as session:  # its events are queued, if never posted here
+        webhooks.register(
+            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
+        )
     audience = bulk_audience(tenant, users=300, prefix=uuid.uuid4().hex[:6])
     add_devices(audience.devices)
     stop = asyncio.Event()
@@ -262,6 +267,11 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
     sent = sum(per_token.get(device.token, 0) for device in audience.devices)
     assert sent < len(audience.devices)  # stopped before its end (perhaps before a send)
     assert load_request(request_id).state == RequestState.canceled
+    with session_scope() as session:  # never a failure on the way to its cancel
+        events = session.exec(
+            select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
+        ).all()
+    assert events == ["request.cancelled"]
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
 

@@ -213,6 +213,23 @@ def test_processed_and_cancelled_in_the_outbox_queue_their_events(
     assert (event.event_type, event.payload["state"]) == ("request.cancelled", "cancelled")
 
 
+@pytest.mark.parametrize(
+    "then", [RequestState.failed, RequestState.processed, RequestState.running]
+)
+def test_a_cancelled_request_stays_cancelled_with_its_one_event(
+    session: Session, settings: Settings, org: Org, then: RequestState
+) -> None:
+    """A stopped run's Crashed and crash hook, its late report or a claim come after."""
+    webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
+    request_id = _request(session, org)
+    assert set_state(session=session, request_id=request_id, state=RequestState.running)
+    assert set_state(session=session, request_id=request_id, state=RequestState.canceled)
+    assert not set_state(session=session, request_id=request_id, state=then)
+    session.commit()
+    assert session.get(Request, request_id).state == RequestState.canceled  # type: ignore[union-attr]
+    assert [d.event_type for d in _deliveries(session, request_id)] == ["request.cancelled"]
+
+
 def test_only_the_requests_organisation_gets_its_events(
     session: Session, settings: Settings, org: Org
 ) -> None:
