@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from sqlalchemy import update
 from sqlmodel import Session, col
 
-from campaign_trigger.services import webhooks
+from campaign_trigger.services import prefect_runs, webhooks
 from campaign_trigger.store.models import Request, RequestState
 
 _MIRROR = {
@@ -35,16 +35,30 @@ _MIRROR = {
 }
 
 
-def mirror_of(state: StateType | None, *, has_reports: bool) -> RequestState | None:
-    """The request state a run state calls for; None when it calls for none.
+def mirror_of(
+    state: StateType | None, *, has_reports: bool, name: str | None = None
+) -> RequestState | None:
+    """The request state a run state (of type ``state``, named ``name``) calls for; None
+    when it calls for none.
 
     A Completed run is a processed request once its reports are written (the flow
     writes them, with the state, just before completing); until then the flow's own
-    write decides.
+    write decides. A run marked dead (Crashed, ``Worker lost``) is still running: a
+    live worker takes it over and finishes it.
     """
     if state == StateType.COMPLETED:
         return RequestState.processed if has_reports else None
+    if state == StateType.CRASHED and name == prefect_runs.DEAD_RUN_STATE_NAME:
+        return RequestState.running
     return _MIRROR.get(state) if state is not None else None
+
+
+def mirror_of_run(run: FlowRun, *, has_reports: bool) -> RequestState | None:
+    """:func:`mirror_of` the run's state."""
+    state = run.state
+    if state is None:
+        return None
+    return mirror_of(state.type, has_reports=has_reports, name=state.name)
 
 
 def set_state(

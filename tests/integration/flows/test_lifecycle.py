@@ -11,14 +11,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
-from prefect.states import Cancelling
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Cancelling, Crashed
 from sqlmodel import select
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
-from campaign_trigger.services import lifecycle, prefect_runs, webhooks
+from campaign_trigger.services import (
+    housekeeping,
+    lifecycle,
+    prefect_runs,
+    request_states,
+    webhooks,
+)
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState, WebhookDelivery
@@ -142,6 +149,44 @@ async def test_a_cancel_made_in_the_prefect_ui_is_the_same_cancel(
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
     assert load_request(request_id).state == RequestState.canceled
+
+
+async def test_a_run_whose_worker_died_is_still_running_for_the_tenant(
+    deployed: ManagedProcess,
+) -> None:
+    """Marked dead (Crashed, ``Worker lost``), a run waits for a live worker to take it
+    over and finish it: a report read or the reconciler must not call its request failed
+    (nor queue a ``request.failed`` event before its ``request.processed``)."""
+    tenant = seed_tenant()
+    with session_scope() as session:
+        webhooks.register(
+            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
+        )
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    await drain()
+    run = await wait_for_state(request_id, "SCHEDULED", timeout=30)
+    with session_scope() as session:  # as its worker left it: running
+        request_states.set_state(session=session, request_id=request_id, state=RequestState.running)
+    dead: State[None] = Crashed(
+        name=prefect_runs.DEAD_RUN_STATE_NAME, message=prefect_runs.DEAD_RUN_MESSAGE
+    )
+    async with get_client() as client:
+        await client.set_flow_run_state(run.id, dead, force=True)
+        try:
+            with pytest.raises(RequestStateError, match="Request not processed yet"):
+                await report_links(org_id=tenant.org_id, request_id=request_id)
+            with session_scope() as session:
+                await housekeeping.correct_mirrors(session=session, client=client)
+        finally:  # no worker of a later test takes it over
+            await client.set_flow_run_state(run.id, Cancelled(), force=True)
+    assert load_request(request_id).state == RequestState.running
+    with session_scope() as session:
+        assert (
+            session.exec(
+                select(WebhookDelivery).where(WebhookDelivery.request_id == request_id)
+            ).all()
+            == []
+        )
 
 
 async def test_a_page_asks_prefect_about_the_requests_up_to_its_end_only(

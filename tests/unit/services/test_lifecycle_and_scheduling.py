@@ -17,6 +17,7 @@ from sqlmodel import Session
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import RequestNotFound, RequestStateError
 from campaign_trigger.services import lifecycle, scheduling
+from campaign_trigger.services.prefect_runs import DEAD_RUN_STATE_NAME
 from campaign_trigger.services.request_states import mirror_of, set_state
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -48,6 +49,10 @@ def test_one_mapping_from_run_states_to_request_states() -> None:
     assert mirror_of(StateType.RUNNING, has_reports=False) == RequestState.running
     assert mirror_of(StateType.CANCELLING, has_reports=False) == RequestState.canceled
     assert mirror_of(StateType.CRASHED, has_reports=False) == RequestState.failed
+    assert (  # marked dead: taken over by a live worker
+        mirror_of(StateType.CRASHED, has_reports=False, name=DEAD_RUN_STATE_NAME)
+        == RequestState.running
+    )
     assert mirror_of(StateType.COMPLETED, has_reports=True) == RequestState.processed
     assert mirror_of(StateType.COMPLETED, has_reports=False) is None  # the flow writes it
     assert mirror_of(None, has_reports=True) is None
