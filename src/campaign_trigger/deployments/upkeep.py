@@ -139,8 +139,6 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         return
     runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
     for run in runs:
-        if not any(run.id in w.active for w in workers):
-            continue
         # Cancelling is already canceled for the request (request_states): written before
         # the stop, whose Crashed and crash hook then leave it so.
         await mark_canceled(run)

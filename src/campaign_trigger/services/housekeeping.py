@@ -149,7 +149,7 @@ async def correct_mirrors(*, session: Session, client: PrefectClient) -> tuple[i
             request_id, seen, has_reports = open_requests[str(run.id)]
             if run.state is None or not run.state.is_final():
                 continue  # the flow moves its request to running itself
-            wanted = request_states.mirror_of_run(run, has_reports=has_reports)
+            wanted = request_states.mirror_of(run.state, has_reports=has_reports)
             if wanted is not None and wanted != seen:
                 request_states.set_state(
                     session=session, request_id=request_id, state=wanted, only_from=[seen]

@@ -225,8 +225,8 @@ async def scheduled_requests(
                     elif r.state == RequestState.scheduled:
                         # The mirror says scheduled, Prefect does not: correct the mirror.
                         run = await prefect_runs.read_run(client, r.flow_run_id)
-                        wanted_state = request_states.mirror_of_run(
-                            run, has_reports=bool(r.report_paths)
+                        wanted_state = request_states.mirror_of(
+                            run.state, has_reports=bool(r.report_paths)
                         )
                         if wanted_state is not None and wanted_state != r.state:
                             corrections[r.id] = (r.state, wanted_state)
@@ -270,7 +270,7 @@ async def report_links(
             async with prefect_runs.client() as client:
                 run = await prefect_runs.read_run(client, request.flow_run_id)
             state_type = run.state.type if run.state else None
-            wanted = request_states.mirror_of_run(run, has_reports=bool(request.report_paths))
+            wanted = request_states.mirror_of(run.state, has_reports=bool(request.report_paths))
         except Exception as exc:
             logger.warning("report: flow run state unavailable, using the mirror: %r", exc)
             state_type = StateType.COMPLETED if request.state == RequestState.processed else None

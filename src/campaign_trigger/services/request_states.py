@@ -1,7 +1,7 @@
 """A request's state: the mirror of its flow run's state, in one place.
 
 The flow run's state is the request's state (DESIGN §3); ``Request.state`` mirrors it
-for queries. :func:`mirror_of` is THE mapping from a Prefect state type to a request
+for queries. :func:`mirror_of` is THE mapping from a Prefect state to a request
 state, used by the API's reads, the reconciler and the workers; :func:`set_state`
 writes the mirror, optionally only from the state the caller saw (so a correction never
 overwrites a newer write), and queues the completion webhooks of a final state.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import State, StateType
 from sqlalchemy import update
 from sqlmodel import Session, col
 
@@ -35,30 +35,21 @@ _MIRROR = {
 }
 
 
-def mirror_of(
-    state: StateType | None, *, has_reports: bool, name: str | None = None
-) -> RequestState | None:
-    """The request state a run state (of type ``state``, named ``name``) calls for; None
-    when it calls for none.
+def mirror_of(state: State | None, *, has_reports: bool) -> RequestState | None:
+    """The request state a run state calls for; None when it calls for none.
 
     A Completed run is a processed request once its reports are written (the flow
     writes them, with the state, just before completing); until then the flow's own
     write decides. A run marked dead (Crashed, ``Worker lost``) is still running: a
     live worker takes it over and finishes it.
     """
-    if state == StateType.COMPLETED:
-        return RequestState.processed if has_reports else None
-    if state == StateType.CRASHED and name == prefect_runs.DEAD_RUN_STATE_NAME:
-        return RequestState.running
-    return _MIRROR.get(state) if state is not None else None
-
-
-def mirror_of_run(run: FlowRun, *, has_reports: bool) -> RequestState | None:
-    """:func:`mirror_of` the run's state."""
-    state = run.state
     if state is None:
         return None
-    return mirror_of(state.type, has_reports=has_reports, name=state.name)
+    if state.type == StateType.COMPLETED:
+        return RequestState.processed if has_reports else None
+    if state.type == StateType.CRASHED and state.name == prefect_runs.DEAD_RUN_STATE_NAME:
+        return RequestState.running
+    return _MIRROR.get(state.type)
 
 
 def set_state(

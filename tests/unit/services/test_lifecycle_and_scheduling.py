@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import State, StateType
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from sqlmodel import Session
 
@@ -45,16 +45,17 @@ def _request(
 
 
 def test_one_mapping_from_run_states_to_request_states() -> None:
-    assert mirror_of(StateType.SCHEDULED, has_reports=False) == RequestState.scheduled
-    assert mirror_of(StateType.RUNNING, has_reports=False) == RequestState.running
-    assert mirror_of(StateType.CANCELLING, has_reports=False) == RequestState.canceled
-    assert mirror_of(StateType.CRASHED, has_reports=False) == RequestState.failed
-    assert (  # marked dead: taken over by a live worker
-        mirror_of(StateType.CRASHED, has_reports=False, name=DEAD_RUN_STATE_NAME)
-        == RequestState.running
-    )
-    assert mirror_of(StateType.COMPLETED, has_reports=True) == RequestState.processed
-    assert mirror_of(StateType.COMPLETED, has_reports=False) is None  # the flow writes it
+    def mirror(kind: StateType, has_reports: bool = False, name: str | None = None) -> object:
+        return mirror_of(State(type=kind, name=name), has_reports=has_reports)
+
+    assert mirror(StateType.SCHEDULED) == RequestState.scheduled
+    assert mirror(StateType.RUNNING) == RequestState.running
+    assert mirror(StateType.CANCELLING) == RequestState.canceled
+    assert mirror(StateType.CRASHED) == RequestState.failed
+    # marked dead: taken over by a live worker
+    assert mirror(StateType.CRASHED, name=DEAD_RUN_STATE_NAME) == RequestState.running
+    assert mirror(StateType.COMPLETED, has_reports=True) == RequestState.processed
+    assert mirror(StateType.COMPLETED) is None  # the flow writes it
     assert mirror_of(None, has_reports=True) is None
 
 
