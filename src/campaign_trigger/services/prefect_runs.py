@@ -263,8 +263,11 @@ async def cancel_shares(client: PrefectClient, request_run_id: UUID) -> None:
         )
         for share in shares:
             if not await cancel_if_scheduled(client, share.id, run=share):
+                # Not forced: a share that ended since the read (one running sees its
+                # request cancelled and ends Cancelled itself) keeps its end; the server
+                # refuses Cancelling on an ended run.
                 await client.set_flow_run_state(
-                    share.id, Cancelling(message="Its request was cancelled"), force=True
+                    share.id, Cancelling(message="Its request was cancelled")
                 )
         if len(shares) < PAGE_LIMIT:
             return

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from prefect import Task, flow, get_client
@@ -18,7 +19,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterParentFlowRunId,
 )
 from prefect.client.schemas.objects import FlowRun, State, StateType, TaskRun
-from prefect.states import Cancelling, Completed, Crashed, Running, Scheduled
+from prefect.states import Cancelled, Cancelling, Completed, Crashed, Running, Scheduled
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox_rules import SandboxState
@@ -274,6 +275,44 @@ async def test_a_taken_over_request_finds_every_share_run_it_made_past_a_page(
     assert await fan_out._shares_made(request_run.id) == made
     assert await fan_out._shares_made(other.id) == {}
     assert await fan_out._shares_made(None) == {}
+
+
+async def test_a_share_ending_on_its_own_as_its_request_is_cancelled_stays_cancelled(
+    prefect_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cancel marks the request cancelled, then reads its live shares and sets each
+    # Cancelling. A share running meanwhile sees its request cancelled and ends Cancelled
+    # on its own; landing between that read and that write, its end was overwritten
+    # (forced) with Cancelling, which no worker then ended: its run had finished.
+    async with get_client() as client:
+        request_run = await client.create_flow_run(_share_probe, state=Running())
+        parent = await client.create_task_run(
+            Task(fn=lambda: None, name="deliver-chunks/default"),
+            flow_run_id=request_run.id,
+            dynamic_key="0",
+        )
+        share = await client.create_flow_run(
+            _share_probe_of, parameters={"chunk_nos": [0]}, parent_task_run_id=parent.id
+        )
+        await client.set_flow_run_state(share.id, Running(), force=True)
+        read = client.read_flow_runs
+
+        async def read_then_the_share_ends(**filters: Any) -> list[FlowRun]:
+            found = await read(**filters)
+            if found:
+                monkeypatch.setattr(client, "read_flow_runs", read)
+                ended: State[None] = Cancelled(message="The request was cancelled")
+                await client.set_flow_run_state(share.id, ended)
+            return found
+
+        monkeypatch.setattr(client, "read_flow_runs", read_then_the_share_ends)
+        await prefect_runs.cancel_shares(client, request_run.id)
+        after = await client.read_flow_run(share.id)
+    assert after.state is not None
+    assert (after.state.type, after.state.message) == (
+        StateType.CANCELLED,
+        "The request was cancelled",
+    )
 
 
 async def _running_share(run: FlowRun) -> FlowRun | None:
