@@ -29,6 +29,7 @@ from campaign_trigger.services import (
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState, WebhookDelivery
+from campaign_trigger.tasks import artifacts
 from delivery_support import (
     add_devices,
     add_request,
@@ -266,6 +267,36 @@ async def test_report_links_wait_for_completion_then_sign_every_app(worker: None
     assert all("/files/reports/" in link and "signature=" in link for link in links)
     with pytest.raises(RequestStateError, match="Request can't be canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
+async def test_a_summary_not_shown_leaves_a_processed_request_processed(
+    worker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The summary artifact is published after the report marked the request processed:
+    # its failure failed the run, whose hook then marked the request failed and queued
+    # request.failed after request.processed, for messages all delivered.
+    async def refused(**kwargs: object) -> None:
+        raise OSError("the Prefect API refused the artifact")
+
+    monkeypatch.setattr(artifacts, "acreate_markdown_artifact", refused)
+    tenant = seed_tenant()
+    with session_scope() as session:  # its events are queued, if never posted here
+        webhooks.register(
+            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
+        )
+    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=later(0))
+    notify_new_request(request_id)
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
+    assert state_name(run) == "COMPLETED"
+    assert load_request(request_id).state == RequestState.processed
+    assert len(await report_links(org_id=tenant.org_id, request_id=request_id)) == 2
+    with session_scope() as session:
+        events = session.exec(
+            select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
+        ).all()
+    assert events == ["request.processed"]
 
 
 @pytest.mark.parametrize("seen_by", ["event", "watch-without-events"])
