@@ -41,7 +41,7 @@ from campaign_trigger.services import (
     webhook_sender,
 )
 from campaign_trigger.store.db import session_scope
-from campaign_trigger.store.models import RequestState
+from campaign_trigger.store.models import Request, RequestState
 
 if TYPE_CHECKING:
     from campaign_trigger.deployments.worker import DeliveryWorker
@@ -92,27 +92,41 @@ async def finish_cancel(
 ) -> None:
     """The run is Cancelled, and so is its request, as a whole: a request's run ends its
     shares, and a share cancelled on its own (the UI's *Cancel* on it) stops its
-    request's run, which then ends the others."""
+    request's run, which then ends the others. A run whose request was processed before
+    the cancel completes instead (:func:`cancel_unless_processed`)."""
+    # The request before the run and its shares: one who saw the run Cancelled finds it
+    # cancelled too, and a share claimed from now on sends nothing.
+    if not await cancel_unless_processed(run):
+        await prefect_runs.complete_cancelled_too_late(client, run.id)
+        return
     await prefect_runs.cancel_claimed(client, run.id, message=message)
-    # The request before the shares: one who saw the run Cancelled finds it cancelled
-    # too, and a share claimed from now on sends nothing.
-    await mark_canceled(run)
     if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
         await prefect_runs.cancel_shares(client, run.id)
     elif run.parent_task_run_id is not None:
         await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
 
-async def mark_canceled(run: FlowRun) -> None:
-    """Mirror the run's cancel on its request (a share's: on the request it is part of)."""
+async def cancel_unless_processed(run: FlowRun) -> bool:
+    """Mark the run's request (a share's: the request it is part of) canceled unless it
+    is processed; whether it is canceled. One update decides against the report's
+    (``set_state`` never leaves canceled). A cancel that comes after the report (the UI's
+    *Cancel* as the run ends) has nothing left to stop: the request stays processed, and
+    its run is completed (:func:`prefect_runs.complete_cancelled_too_late`), not Cancelled
+    after request.processed was announced."""
 
-    def write() -> None:
+    def write() -> bool:
         with session_scope() as session:
+            request_id = _request_of(run)
             request_states.set_state(
-                session=session, request_id=_request_of(run), state=RequestState.canceled
+                session=session,
+                request_id=request_id,
+                state=RequestState.canceled,
+                only_from=[s for s in RequestState if s != RequestState.processed],
             )
+            request = session.get(Request, request_id)
+            return request is None or request.state != RequestState.processed
 
-    await asyncio.to_thread(write)
+    return await asyncio.to_thread(write)
 
 
 async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
@@ -139,9 +153,12 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         return
     runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
     for run in runs:
-        # Cancelling is already canceled for the request (request_states): written before
-        # the stop, whose Crashed and crash hook then leave it so.
-        await mark_canceled(run)
+        # The request is marked canceled before the stop, whose Crashed and crash hook then
+        # leave it so; unless it was processed: the run completes, as it is about to.
+        if not await cancel_unless_processed(run):
+            logger.warning("run %s was cancelled after its request was processed", run.id)
+            await prefect_runs.complete_cancelled_too_late(client, run.id)
+            continue
         tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
         if not tasks:
             continue

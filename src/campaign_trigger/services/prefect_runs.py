@@ -35,7 +35,7 @@ from prefect.client.schemas.objects import FlowRun, StateType, WorkerStatus
 from prefect.client.schemas.responses import OrchestrationResult, SetStateStatus
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Cancelled, Cancelling, Pending
+from prefect.states import Cancelled, Cancelling, Completed, Pending
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +211,15 @@ async def cancel_claimed(client: PrefectClient, flow_run_id: UUID | str, *, mess
     )
     if result.status != SetStateStatus.ACCEPT:
         await client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+
+
+async def complete_cancelled_too_late(client: PrefectClient, flow_run_id: UUID | str) -> None:
+    """Cancelling -> Completed, for a run whose request was processed before the cancel:
+    nothing is left to stop, its report is written and announced. Forced: Prefect lets a
+    Cancelling run end Cancelled only."""
+    await client.set_flow_run_state(
+        flow_run_id, Completed(message="Its request was processed before the cancel"), force=True
+    )
 
 
 async def cancel_if_scheduled(

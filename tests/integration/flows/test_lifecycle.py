@@ -7,11 +7,14 @@ import contextlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
 
 import pytest
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.objects import State
+from prefect.client.schemas.objects import State, StateType
+from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Cancelling, Crashed
 from sqlmodel import select
 
@@ -290,6 +293,68 @@ async def test_a_summary_not_shown_leaves_a_processed_request_processed(
     notify_new_request(request_id)
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
     assert state_name(run) == "COMPLETED"
+    assert load_request(request_id).state == RequestState.processed
+    assert len(await report_links(org_id=tenant.org_id, request_id=request_id)) == 2
+    with session_scope() as session:
+        events = session.exec(
+            select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
+        ).all()
+    assert events == ["request.processed"]
+
+
+@pytest.mark.parametrize("seen_by", ["cancel watch", "run's end"])
+async def test_a_cancel_made_in_the_ui_after_the_report_lets_the_run_complete(
+    worker: None, monkeypatch: pytest.MonkeyPatch, seen_by: str
+) -> None:
+    # The UI's Cancel landing between the report (the request processed, request.processed
+    # queued) and the run's Completed, seen by the worker's cancel watch while the run
+    # ends, or at its end (Prefect refuses Completed to a Cancelling run): the run ended
+    # Cancelled, and the request canceled, request.cancelled queued after
+    # request.processed. Nothing is left to stop: the run completes, its request
+    # processed, one event.
+    watch = upkeep.stop_cancelled_runs
+    cancelled: list[UUID] = []
+    looked = asyncio.Event()  # the cancel watch ended the run's Cancelling
+
+    async def watching(workers: list[Any], client: PrefectClient) -> None:
+        if seen_by == "run's end":
+            return
+        await watch(workers, client)
+        if cancelled:
+            run = await client.read_flow_run(cancelled[0])
+            if run.state_type != StateType.CANCELLING:
+                looked.set()
+
+    async def cancelled_in_the_ui(*, request_id: str, summary: Any) -> None:
+        context = FlowRunContext.get()
+        assert context is not None
+        assert context.flow_run is not None
+        cancelled.append(context.flow_run.id)
+        async with get_client() as client:
+            await client.set_flow_run_state(context.flow_run.id, Cancelling())
+        with pytest.raises(RequestStateError, match="Request not processed yet"):
+            await report_links(org_id=tenant.org_id, request_id=request_id)  # no correction
+        if seen_by == "cancel watch":
+            await asyncio.wait_for(looked.wait(), timeout=30)
+
+    monkeypatch.setattr(upkeep, "stop_cancelled_runs", watching)
+    monkeypatch.setattr(artifacts, "publish_summary", cancelled_in_the_ui)
+    tenant = seed_tenant()
+    with session_scope() as session:  # its events are queued, if never posted here
+        webhooks.register(
+            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
+        )
+    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=later(0))
+    notify_new_request(request_id)
+    run = await wait_for_state(request_id, "COMPLETED", "CANCELLED", "FAILED", timeout=60)
+    assert state_name(run) == "COMPLETED"
+    assert cancelled
+    if seen_by == "cancel watch":  # (it may read the run after the test saw it Completed)
+        await asyncio.wait_for(looked.wait(), timeout=10)
+    else:
+        assert not looked.is_set()
     assert load_request(request_id).state == RequestState.processed
     assert len(await report_links(org_id=tenant.org_id, request_id=request_id)) == 2
     with session_scope() as session:
