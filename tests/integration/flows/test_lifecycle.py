@@ -34,6 +34,7 @@ from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState, WebhookDelivery
 from campaign_trigger.tasks import artifacts
 from delivery_support import (
+    Tenant,
     add_devices,
     add_request,
     bulk_audience,
@@ -74,6 +75,43 @@ async def report_links(*, org_id: int, request_id: str) -> list[str]:
 
 def later(seconds: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def tenant_with_webhook() -> Tenant:
+    """A tenant with a webhook: its requests' completion events are queued (never posted
+    here)."""
+    tenant = seed_tenant()
+    with session_scope() as session:
+        webhooks.register(
+            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
+        )
+    return tenant
+
+
+def send_now(tenant: Tenant) -> str:
+    """A send-now request to two new users, handed to Prefect."""
+    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    request_id = add_request(tenant, audience.users, send_at=later(0))
+    notify_new_request(request_id)
+    return request_id
+
+
+def queued_events(request_id: str) -> list[str]:
+    with session_scope() as session:
+        return list(
+            session.exec(
+                select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
+            ).all()
+        )
+
+
+async def processed_with_one_event(tenant: Tenant, request_id: str) -> None:
+    """The request is processed, its report links given, ``request.processed`` its only
+    event."""
+    assert load_request(request_id).state == RequestState.processed
+    assert len(await report_links(org_id=tenant.org_id, request_id=request_id)) == 2
+    assert queued_events(request_id) == ["request.processed"]
 
 
 async def test_drain_creates_one_scheduled_run_per_request(deployed: ManagedProcess) -> None:
@@ -161,11 +199,7 @@ async def test_a_run_whose_worker_died_is_still_running_for_the_tenant(
     """Marked dead (Crashed, ``Worker lost``), a run waits for a live worker to take it
     over and finish it: a report read or the reconciler must not call its request failed
     (nor queue a ``request.failed`` event before its ``request.processed``)."""
-    tenant = seed_tenant()
-    with session_scope() as session:
-        webhooks.register(
-            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
-        )
+    tenant = tenant_with_webhook()
     request_id = add_request(tenant, ["u1"], send_at=later(600))
     await drain()
     run = await wait_for_state(request_id, "SCHEDULED", timeout=30)
@@ -184,13 +218,7 @@ async def test_a_run_whose_worker_died_is_still_running_for_the_tenant(
         finally:  # no worker of a later test takes it over
             await client.set_flow_run_state(run.id, Cancelled(), force=True)
     assert load_request(request_id).state == RequestState.running
-    with session_scope() as session:
-        assert (
-            session.exec(
-                select(WebhookDelivery).where(WebhookDelivery.request_id == request_id)
-            ).all()
-            == []
-        )
+    assert queued_events(request_id) == []
 
 
 async def test_a_page_asks_prefect_about_the_requests_up_to_its_end_only(
@@ -282,24 +310,11 @@ async def test_a_summary_not_shown_leaves_a_processed_request_processed(
         raise OSError("the Prefect API refused the artifact")
 
     monkeypatch.setattr(artifacts, "acreate_markdown_artifact", refused)
-    tenant = seed_tenant()
-    with session_scope() as session:  # its events are queued, if never posted here
-        webhooks.register(
-            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
-        )
-    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
-    add_devices(audience.devices)
-    request_id = add_request(tenant, audience.users, send_at=later(0))
-    notify_new_request(request_id)
+    tenant = tenant_with_webhook()
+    request_id = send_now(tenant)
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
     assert state_name(run) == "COMPLETED"
-    assert load_request(request_id).state == RequestState.processed
-    assert len(await report_links(org_id=tenant.org_id, request_id=request_id)) == 2
-    with session_scope() as session:
-        events = session.exec(
-            select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
-        ).all()
-    assert events == ["request.processed"]
+    await processed_with_one_event(tenant, request_id)
 
 
 @pytest.mark.parametrize("seen_by", ["cancel watch", "run's end"])
@@ -339,15 +354,8 @@ async def test_a_cancel_made_in_the_ui_after_the_report_lets_the_run_complete(
 
     monkeypatch.setattr(upkeep, "stop_cancelled_runs", watching)
     monkeypatch.setattr(artifacts, "publish_summary", cancelled_in_the_ui)
-    tenant = seed_tenant()
-    with session_scope() as session:  # its events are queued, if never posted here
-        webhooks.register(
-            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
-        )
-    audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
-    add_devices(audience.devices)
-    request_id = add_request(tenant, audience.users, send_at=later(0))
-    notify_new_request(request_id)
+    tenant = tenant_with_webhook()
+    request_id = send_now(tenant)
     run = await wait_for_state(request_id, "COMPLETED", "CANCELLED", "FAILED", timeout=60)
     assert state_name(run) == "COMPLETED"
     assert cancelled
@@ -355,13 +363,7 @@ async def test_a_cancel_made_in_the_ui_after_the_report_lets_the_run_complete(
         await asyncio.wait_for(looked.wait(), timeout=10)
     else:
         assert not looked.is_set()
-    assert load_request(request_id).state == RequestState.processed
-    assert len(await report_links(org_id=tenant.org_id, request_id=request_id)) == 2
-    with session_scope() as session:
-        events = session.exec(
-            select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
-        ).all()
-    assert events == ["request.processed"]
+    await processed_with_one_event(tenant, request_id)
 
 
 @pytest.mark.parametrize("seen_by", ["event", "watch-without-events"])
@@ -380,11 +382,7 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
         subscribed.set()
         monkeypatch.setattr(wakeup, "get_events_subscriber", _no_event_stream)
         monkeypatch.setattr(upkeep, "FALLBACK_SECONDS", 3600.0)
-    tenant = seed_tenant()
-    with session_scope() as session:  # its events are queued, if never posted here
-        webhooks.register(
-            session=session, settings=get_settings(), org_id=tenant.org_id, url="https://x.test/"
-        )
+    tenant = tenant_with_webhook()
     audience = bulk_audience(tenant, users=300, prefix=uuid.uuid4().hex[:6])
     add_devices(audience.devices)
     stop = asyncio.Event()
@@ -408,11 +406,7 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
     sent = sum(per_token.get(device.token, 0) for device in audience.devices)
     assert sent < len(audience.devices)  # stopped before its end (perhaps before a send)
     assert load_request(request_id).state == RequestState.canceled
-    with session_scope() as session:  # never a failure on the way to its cancel
-        events = session.exec(
-            select(WebhookDelivery.event_type).where(WebhookDelivery.request_id == request_id)
-        ).all()
-    assert events == ["request.cancelled"]
+    assert queued_events(request_id) == ["request.cancelled"]  # never a failure first
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
 
