@@ -109,7 +109,7 @@ async def finish_cancel(
 async def cancel_unless_processed(run: FlowRun) -> bool:
     """Mark the run's request (a share's: the request it is part of) canceled unless it
     is processed; whether it is canceled. One update decides against the report's
-    (``set_state`` never leaves canceled). A cancel that comes after the report (the UI's
+    (``set_state`` never leaves either). A cancel that comes after the report (the UI's
     *Cancel* as the run ends) has nothing left to stop: the request stays processed, and
     its run is completed (:func:`prefect_runs.complete_cancelled_too_late`), not Cancelled
     after request.processed was announced."""
@@ -118,10 +118,7 @@ async def cancel_unless_processed(run: FlowRun) -> bool:
         with session_scope() as session:
             request_id = _request_of(run)
             request_states.set_state(
-                session=session,
-                request_id=request_id,
-                state=RequestState.canceled,
-                only_from=[s for s in RequestState if s != RequestState.processed],
+                session=session, request_id=request_id, state=RequestState.canceled
             )
             request = session.get(Request, request_id)
             return request is None or request.state != RequestState.processed

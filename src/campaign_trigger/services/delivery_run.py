@@ -5,7 +5,8 @@ request whose send time is older than ``settings.max_lateness_seconds`` (a worke
 coming back after an outage must not send yesterday's batch: the run fails with
 :class:`StaleRequest` and the request is marked failed), and otherwise claims the
 request in the database (``scheduled`` -> ``running``) atomically against a
-cancel of a request still in the outbox.
+cancel of a request still in the outbox; a processed request stays processed (a run of
+it after its report sends nothing and redoes the report).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sqlalchemy import update
-from sqlmodel import Session, col
+from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery.base import PushOptions
@@ -68,13 +69,19 @@ class DeliveryPlan:
 
 
 def _claim(session: Session, request_id: str) -> bool:
+    """The request is running, unless cancelled (False) or processed: a run of it after its
+    report (taken over, or retried) leaves it processed and redoes the report
+    (``request_states``)."""
     result = session.execute(
         update(Request)
         .where(col(Request.id) == request_id)
-        .where(col(Request.state) != RequestState.canceled)
+        .where(col(Request.state).not_in(request_states.SETTLED))
         .values(state=RequestState.running)
     )
-    return bool(getattr(result, "rowcount", 0))
+    if getattr(result, "rowcount", 0):
+        return True
+    state = session.exec(select(Request.state).where(col(Request.id) == request_id)).first()
+    return state == RequestState.processed
 
 
 def own_run(*, session: Session, request_id: str, owner: str) -> None:

@@ -9,7 +9,11 @@ overwrites a newer write), and queues the completion webhooks of a final state.
 A cancelled request stays cancelled: no run of it starts again (its claim is refused),
 and what its stopped run goes through on its way to Cancelled (Crashed as its task is
 cancelled, a crash hook's ``failed``) must not reach the tenant as a second, wrong
-completion event.
+completion event. A processed request stays processed: its report is written and
+``request.processed`` announced, and a run of it after that (taken over from a worker
+that died before Completed, or retried in the UI) sends nothing, redoes the report and
+must not announce it again, nor call it running or failed meanwhile. These two are where
+the mirror may differ from the run for a while: Prefect's state wins everywhere else.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from sqlmodel import Session, col
 
 from campaign_trigger.services import prefect_runs, webhooks
 from campaign_trigger.store.models import Request, RequestState
+
+SETTLED = (RequestState.canceled, RequestState.processed)  # never left (above)
 
 _MIRROR = {
     StateType.SCHEDULED: RequestState.scheduled,
@@ -64,10 +70,10 @@ def set_state(
     only_from: Collection[RequestState] | None = None,
 ) -> bool:
     """Mirror ``state`` on the request (only from ``only_from`` when given, never from
-    canceled); True if it changed (the caller commits). A request reaching a final state
-    queues its completion webhooks in the same transaction."""
+    canceled or processed); True if it changed (the caller commits). A request reaching a
+    final state queues its completion webhooks in the same transaction."""
     statement = update(Request).where(col(Request.id) == request_id)
-    statement = statement.where(col(Request.state).not_in([state, RequestState.canceled]))
+    statement = statement.where(col(Request.state).not_in([state, *SETTLED]))
     if only_from is not None:
         statement = statement.where(col(Request.state).in_(list(only_from)))
     result = session.execute(statement.values(state=state))

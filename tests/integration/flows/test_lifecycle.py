@@ -88,13 +88,14 @@ def tenant_with_webhook() -> Tenant:
     return tenant
 
 
-def send_now(tenant: Tenant) -> str:
-    """A send-now request to two new users, handed to Prefect."""
+def send_now(tenant: Tenant) -> tuple[str, list[str | None]]:
+    """A send-now request to two new users, handed to Prefect: its id, their devices'
+    tokens."""
     audience = bulk_audience(tenant, users=2, prefix=uuid.uuid4().hex[:6])
     add_devices(audience.devices)
     request_id = add_request(tenant, audience.users, send_at=later(0))
     notify_new_request(request_id)
-    return request_id
+    return request_id, [device.token for device in audience.devices]
 
 
 def queued_events(request_id: str) -> list[str]:
@@ -311,10 +312,46 @@ async def test_a_summary_not_shown_leaves_a_processed_request_processed(
 
     monkeypatch.setattr(artifacts, "acreate_markdown_artifact", refused)
     tenant = tenant_with_webhook()
-    request_id = send_now(tenant)
+    request_id, _ = send_now(tenant)
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
     assert state_name(run) == "COMPLETED"
     await processed_with_one_event(tenant, request_id)
+
+
+async def test_a_run_taken_over_after_its_report_announces_it_once(
+    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker that died between the report (the request processed, request.processed
+    # queued) and Completed: Prefect marks its run dead and a live worker runs it again.
+    # The rerun sent nothing again, but its claim called the request running (as did a
+    # report read meanwhile) and its report queued a second request.processed, of a new
+    # id, which a tenant's de-duplication by id let through.
+    tenant = tenant_with_webhook()
+    request_id, tokens = send_now(tenant)
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
+    assert state_name(run) == "COMPLETED"
+    seen: list[RequestState] = []  # by the rerun, after its report
+
+    async def read_in_the_rerun(*, request_id: str, summary: Any) -> None:
+        with pytest.raises(RequestStateError, match="Request not processed yet"):
+            await report_links(org_id=tenant.org_id, request_id=request_id)
+        seen.append(load_request(request_id).state)
+
+    monkeypatch.setattr(artifacts, "publish_summary", read_in_the_rerun)
+    dead: State[None] = Crashed(
+        name=prefect_runs.DEAD_RUN_STATE_NAME, message=prefect_runs.DEAD_RUN_MESSAGE
+    )
+    async with get_client() as client:
+        await client.set_flow_run_state(run.id, dead, force=True)
+    async with asyncio.timeout(60):
+        while not seen:
+            await asyncio.sleep(0.2)
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=30)
+    assert state_name(run) == "COMPLETED"
+    assert seen == [RequestState.processed]
+    await processed_with_one_event(tenant, request_id)
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(token) for token in tokens] == [1] * len(tokens)
 
 
 @pytest.mark.parametrize("seen_by", ["cancel watch", "run's end"])
@@ -355,7 +392,7 @@ async def test_a_cancel_made_in_the_ui_after_the_report_lets_the_run_complete(
     monkeypatch.setattr(upkeep, "stop_cancelled_runs", watching)
     monkeypatch.setattr(artifacts, "publish_summary", cancelled_in_the_ui)
     tenant = tenant_with_webhook()
-    request_id = send_now(tenant)
+    request_id, _ = send_now(tenant)
     run = await wait_for_state(request_id, "COMPLETED", "CANCELLED", "FAILED", timeout=60)
     assert state_name(run) == "COMPLETED"
     assert cancelled

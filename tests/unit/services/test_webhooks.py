@@ -213,21 +213,23 @@ def test_processed_and_cancelled_in_the_outbox_queue_their_events(
     assert (event.event_type, event.payload["state"]) == ("request.cancelled", "cancelled")
 
 
-@pytest.mark.parametrize(
-    "then", [RequestState.failed, RequestState.processed, RequestState.running]
-)
-def test_a_cancelled_request_stays_cancelled_with_its_one_event(
-    session: Session, settings: Settings, org: Org, then: RequestState
+@pytest.mark.parametrize("then", list(RequestState))
+@pytest.mark.parametrize("settled", [RequestState.canceled, RequestState.processed])
+def test_a_cancelled_or_processed_request_stays_so_with_its_one_event(
+    session: Session, settings: Settings, org: Org, settled: RequestState, then: RequestState
 ) -> None:
-    """A stopped run's Crashed and crash hook, its late report or a claim come after."""
+    """Cancelled: a stopped run's Crashed and crash hook, its late report or a claim come
+    after. Processed: a run of it taken over or retried (running, then processed again),
+    a cancel or a failure after its report."""
     webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
     request_id = _request(session, org)
     assert set_state(session=session, request_id=request_id, state=RequestState.running)
-    assert set_state(session=session, request_id=request_id, state=RequestState.canceled)
+    assert set_state(session=session, request_id=request_id, state=settled)
     assert not set_state(session=session, request_id=request_id, state=then)
     session.commit()
-    assert session.get(Request, request_id).state == RequestState.canceled  # type: ignore[union-attr]
-    assert [d.event_type for d in _deliveries(session, request_id)] == ["request.cancelled"]
+    assert session.get(Request, request_id).state == settled  # type: ignore[union-attr]
+    events = [d.event_type for d in _deliveries(session, request_id)]
+    assert events == [webhooks.EVENT_TYPES[settled]]
 
 
 def test_only_the_requests_organisation_gets_its_events(
