@@ -47,16 +47,12 @@ def mirror_of(state: State | None, *, has_reports: bool) -> RequestState | None:
     A Completed run is a processed request once its reports are written (the flow
     writes them, with the state, just before completing); until then the flow's own
     write decides. A run marked dead (Crashed, ``Worker lost``) is still running: a
-    live worker takes it over and finishes it. A run set Cancelling once its reports
-    were written is left to end (its worker stops it, or lets it complete if its request
-    was processed): its end decides.
+    live worker takes it over and finishes it.
     """
     if state is None:
         return None
     if state.type == StateType.COMPLETED:
         return RequestState.processed if has_reports else None
-    if state.type == StateType.CANCELLING and has_reports:
-        return None
     if state.type == StateType.CRASHED and state.name == prefect_runs.DEAD_RUN_STATE_NAME:
         return RequestState.running
     return _MIRROR.get(state.type)

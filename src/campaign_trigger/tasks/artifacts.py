@@ -127,8 +127,7 @@ def summary_markdown(*, request_id: str, summary: ReportSummary) -> str:
 
 async def publish_summary(*, request_id: str, summary: ReportSummary) -> None:
     """The summary table, once the report marked the request processed: not shown, it
-    must not fail the run (its failure hook would mark failed a request delivered, its
-    report written and announced)."""
+    must not fail the run of a request delivered, its report written and announced."""
     try:
         await acreate_markdown_artifact(
             markdown=summary_markdown(request_id=request_id, summary=summary),

@@ -51,8 +51,6 @@ def test_one_mapping_from_run_states_to_request_states() -> None:
     assert mirror(StateType.SCHEDULED) == RequestState.scheduled
     assert mirror(StateType.RUNNING) == RequestState.running
     assert mirror(StateType.CANCELLING) == RequestState.canceled
-    # cancelled as its report was written: it ends Cancelled, or Completed if processed
-    assert mirror(StateType.CANCELLING, has_reports=True) is None
     assert mirror(StateType.CRASHED) == RequestState.failed
     # marked dead: taken over by a live worker
     assert mirror(StateType.CRASHED, name=DEAD_RUN_STATE_NAME) == RequestState.running
