@@ -96,8 +96,7 @@ async def finish_cancel(
     the cancel completes instead (:func:`cancel_unless_processed`)."""
     # The request before the run and its shares: one who saw the run Cancelled finds it
     # cancelled too, and a share claimed from now on sends nothing.
-    if not await cancel_unless_processed(run):
-        await prefect_runs.complete_cancelled_too_late(client, run.id)
+    if not await cancel_unless_processed(client, run):
         return
     await prefect_runs.cancel_claimed(client, run.id, message=message)
     if "chunk_nos" not in run.parameters:  # a request's run, not a share of its chunks
@@ -106,13 +105,13 @@ async def finish_cancel(
         await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
 
-async def cancel_unless_processed(run: FlowRun) -> bool:
+async def cancel_unless_processed(client: PrefectClient, run: FlowRun) -> bool:
     """Mark the run's request (a share's: the request it is part of) canceled unless it
     is processed; whether it is canceled. One update decides against the report's
     (``set_state`` never leaves either). A cancel that comes after the report (the UI's
     *Cancel* as the run ends) has nothing left to stop: the request stays processed, and
-    its run is completed (:func:`prefect_runs.complete_cancelled_too_late`), not Cancelled
-    after request.processed was announced."""
+    its run is completed here (:func:`prefect_runs.complete_cancelled_too_late`), not
+    Cancelled after request.processed was announced."""
 
     def write() -> bool:
         with session_scope() as session:
@@ -123,7 +122,11 @@ async def cancel_unless_processed(run: FlowRun) -> bool:
             request = session.get(Request, request_id)
             return request is None or request.state != RequestState.processed
 
-    return await asyncio.to_thread(write)
+    if await asyncio.to_thread(write):
+        return True
+    logger.warning("run %s was cancelled after its request was processed", run.id)
+    await prefect_runs.complete_cancelled_too_late(client, run.id)
+    return False
 
 
 async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
@@ -152,9 +155,7 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
     for run in runs:
         # The request is marked canceled before the stop, whose Crashed and crash hook then
         # leave it so; unless it was processed: the run completes, as it is about to.
-        if not await cancel_unless_processed(run):
-            logger.warning("run %s was cancelled after its request was processed", run.id)
-            await prefect_runs.complete_cancelled_too_late(client, run.id)
+        if not await cancel_unless_processed(client, run):
             continue
         tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
         if not tasks:
