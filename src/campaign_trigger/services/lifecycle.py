@@ -49,9 +49,20 @@ def _reloaded(session: Session, request: Request) -> Request:
     return request
 
 
-def _mark_canceled(session: Session, request_id: str) -> None:
+def _mark_canceled(session: Session, request_id: str) -> RequestState:
+    """Mark the request canceled unless it is settled; its state after."""
     request_states.set_state(session=session, request_id=request_id, state=RequestState.canceled)
+    state = RequestState(session.exec(select(Request.state).where(Request.id == request_id)).one())
     session.commit()
+    return state
+
+
+async def _already_canceled(session: Session, request_id: str) -> RequestStateError:
+    """Its run was cancelled: the request is canceled, unless its report marked it
+    processed first (a cancel that came too late, whose run its worker completes)."""
+    if await asyncio.to_thread(_mark_canceled, session, request_id) == RequestState.processed:
+        return RequestStateError(CANT_CANCEL)
+    return RequestStateError(ALREADY_CANCELED)
 
 
 def _cancel_in_outbox(session: Session, request_id: str) -> bool:
@@ -77,6 +88,8 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
     request = await asyncio.to_thread(_load_request, session, org_id=org_id, request_id=request_id)
     if request.state == RequestState.canceled:
         raise RequestStateError(ALREADY_CANCELED)
+    if request.state == RequestState.processed:  # never left (request_states.SETTLED)
+        raise RequestStateError(CANT_CANCEL)
     if request.flow_run_id is None:
         if await asyncio.to_thread(_cancel_in_outbox, session, request_id):
             request.state = RequestState.canceled
@@ -91,14 +104,12 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
         run = await prefect_runs.read_run(client, request.flow_run_id)
         state = run.state
         if state is not None and state.type in (StateType.CANCELLED, StateType.CANCELLING):
-            await asyncio.to_thread(_mark_canceled, session, request_id)
-            raise RequestStateError(ALREADY_CANCELED)
+            raise await _already_canceled(session, request_id)
         cancelled = await prefect_runs.cancel_if_scheduled(client, request.flow_run_id, run=run)
         if not cancelled:
             run = await prefect_runs.read_run(client, request.flow_run_id)
             if run.state is not None and run.state.type == StateType.CANCELLED:
-                await asyncio.to_thread(_mark_canceled, session, request_id)
-                raise RequestStateError(ALREADY_CANCELED)
+                raise await _already_canceled(session, request_id)
             raise RequestStateError(CANT_CANCEL)
     await asyncio.to_thread(_mark_canceled, session, request_id)
     request.state = RequestState.canceled

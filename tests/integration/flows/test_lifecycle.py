@@ -194,6 +194,42 @@ async def test_a_cancel_made_in_the_prefect_ui_is_the_same_cancel(
     assert load_request(request_id).state == RequestState.canceled
 
 
+@pytest.mark.parametrize("run_state", [Cancelling, Cancelled])
+async def test_a_cancel_of_a_request_processed_meanwhile_is_refused_as_started(
+    deployed: ManagedProcess, monkeypatch: pytest.MonkeyPatch, run_state: Any
+) -> None:
+    """The API's cancel reads the request (running), then its run, which the UI's
+    *Cancel* just set Cancelling (or which ended Cancelled) after the report marked the
+    request processed in between: the worker completes such a run
+    (``upkeep.cancel_unless_processed``). The request was processed, so it can't be
+    canceled; it was never "already canceled", and it stays processed."""
+    tenant = seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    await drain()
+    with session_scope() as session:
+        request_states.set_state(session=session, request_id=request_id, state=RequestState.running)
+    async with get_client() as client:
+        await client.set_flow_run_state(
+            UUID(load_request(request_id).flow_run_id), run_state(), force=True
+        )
+    real_read_run = prefect_runs.read_run
+
+    async def report_first(client: PrefectClient, flow_run_id: str) -> Any:
+        with session_scope() as session:  # the report lands between the two reads
+            request_states.set_state(
+                session=session, request_id=request_id, state=RequestState.processed
+            )
+        return await real_read_run(client, flow_run_id)
+
+    monkeypatch.setattr(prefect_runs, "read_run", report_first)
+    with pytest.raises(RequestStateError, match="Request can't be canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+    assert load_request(request_id).state == RequestState.processed
+    monkeypatch.setattr(prefect_runs, "read_run", real_read_run)
+    with pytest.raises(RequestStateError, match="Request can't be canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)  # read processed
+
+
 async def test_a_run_whose_worker_died_is_still_running_for_the_tenant(
     deployed: ManagedProcess,
 ) -> None:
