@@ -3,6 +3,7 @@ state) and ``deliver-chunks`` (a share of a large request's chunks, on any worke
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
@@ -35,8 +36,11 @@ from campaign_trigger.tasks.delivery import (
 RESULT_STORAGE = PREFECT_RESULTS_LOCAL_STORAGE_PATH.value()
 
 
-def _on_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
-    mark_failed(str(flow_run.parameters["request_id"]))
+async def _on_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """Mirror the failure on the request, off the event loop: the engine awaits a hook
+    on the worker's loop, which every run of the process and its cancel watch share (a
+    write waiting for the database's lock blocked them all)."""
+    await asyncio.to_thread(mark_failed, str(flow_run.parameters["request_id"]))
 
 
 def _no_slot(*, last: bool) -> contextlib.AbstractAsyncContextManager[None]:

@@ -46,6 +46,7 @@ from campaign_trigger.services import app_credentials, audience, devices, outcom
 from campaign_trigger.services.inbox import InboxEntry
 from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.render import compile_template, render_column
+from campaign_trigger.store.db import in_thread
 from campaign_trigger.store.models import Channel, Platform
 
 logger = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ async def _send_push(
         if not messages:
             continue
         # Read at every chunk: a rotation of the app's credentials applies from the next one.
-        credentials = await asyncio.to_thread(
+        credentials = await in_thread(
             app_credentials.provider_credentials,
             session=session,
             settings=settings,
@@ -282,7 +283,7 @@ async def _publish_inapp(
         if not t.error_message
     ]
     counts.update(t.error_message for t in targets)
-    published: bool = await asyncio.to_thread(
+    published: bool = await in_thread(
         outcome_log.record_whole_chunk,
         session=session,
         request_id=job.request_id,
@@ -309,7 +310,7 @@ async def process_chunk(
 
     ``provider_for`` gives the push provider of an app (this process's pooled one).
     """
-    if await asyncio.to_thread(
+    if await in_thread(
         outcome_log.chunk_recorded,
         session=session,
         request_id=job.request_id,
@@ -317,7 +318,7 @@ async def process_chunk(
     ):
         return ChunkResult(chunk_no=job.chunk_no, skipped=True)
     users: list[str] = chunk.column(USER_FIELD).to_pylist()
-    targets = await asyncio.to_thread(
+    targets = await in_thread(
         audience.resolve_targets,
         session=session,
         users=users,
@@ -331,7 +332,7 @@ async def process_chunk(
             return ChunkResult(chunk_no=job.chunk_no, skipped=True)
         return ChunkResult(chunk_no=job.chunk_no, skipped=False, outcomes=counts)
 
-    done = await asyncio.to_thread(
+    done = await in_thread(
         outcome_log.recorded_targets,
         session=session,
         request_id=job.request_id,

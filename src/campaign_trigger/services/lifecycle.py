@@ -12,7 +12,6 @@ PostgreSQL, an open transaction) is held while a call waits for the Prefect serv
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from prefect.client.schemas.objects import StateType
@@ -24,6 +23,7 @@ from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
 from campaign_trigger.services import lookup, prefect_runs, request_states, webhooks
 from campaign_trigger.services.signing import signed_url
+from campaign_trigger.store.db import in_thread
 from campaign_trigger.store.models import Campaign, Channel, Request, RequestState
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _mark_canceled(session: Session, request_id: str) -> RequestState:
 async def _already_canceled(session: Session, request_id: str) -> RequestStateError:
     """Its run was cancelled: the request is canceled, unless its report marked it
     processed first (a cancel that came too late, whose run its worker completes)."""
-    if await asyncio.to_thread(_mark_canceled, session, request_id) == RequestState.processed:
+    if await in_thread(_mark_canceled, session, request_id) == RequestState.processed:
         return RequestStateError(CANT_CANCEL)
     return RequestStateError(ALREADY_CANCELED)
 
@@ -85,16 +85,16 @@ def _cancel_in_outbox(session: Session, request_id: str) -> bool:
 
 async def cancel_request(*, session: Session, org_id: int, request_id: str) -> Request:
     """Cancel a request whose flow run has not started; returns the request as created."""
-    request = await asyncio.to_thread(_load_request, session, org_id=org_id, request_id=request_id)
+    request = await in_thread(_load_request, session, org_id=org_id, request_id=request_id)
     if request.state == RequestState.canceled:
         raise RequestStateError(ALREADY_CANCELED)
     if request.state == RequestState.processed:  # never left (request_states.SETTLED)
         raise RequestStateError(CANT_CANCEL)
     if request.flow_run_id is None:
-        if await asyncio.to_thread(_cancel_in_outbox, session, request_id):
+        if await in_thread(_cancel_in_outbox, session, request_id):
             request.state = RequestState.canceled
             return request
-        request = await asyncio.to_thread(_reloaded, session, request)
+        request = await in_thread(_reloaded, session, request)
         if request.state == RequestState.canceled:
             raise RequestStateError(ALREADY_CANCELED)
         if request.flow_run_id is None:  # the flow claimed it before its run id was stored
@@ -111,7 +111,7 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
             if run.state is not None and run.state.type == StateType.CANCELLED:
                 raise await _already_canceled(session, request_id)
             raise RequestStateError(CANT_CANCEL)
-    await asyncio.to_thread(_mark_canceled, session, request_id)
+    await in_thread(_mark_canceled, session, request_id)
     request.state = RequestState.canceled
     logger.info("request cancelled before its start")
     return request
@@ -199,7 +199,7 @@ async def scheduled_requests(
     The total counts the requests checked, plus those beyond the page the mirror calls
     scheduled (corrected in turn when a page reaches them)."""
     wanted = offset + limit
-    candidates, scheduled_total = await asyncio.to_thread(
+    candidates, scheduled_total = await in_thread(
         _first_candidates, session, org_id=org_id, campaign_id=campaign_id, count=wanted
     )
     exhausted = len(candidates) < wanted
@@ -212,7 +212,7 @@ async def scheduled_requests(
                 lacking = min(wanted - len(listed), prefect_runs.PAGE_LIMIT)
                 short = checked + lacking - len(candidates)
                 if short > 0 and not exhausted:
-                    more = await asyncio.to_thread(
+                    more = await in_thread(
                         _more_candidates,
                         session,
                         org_id=org_id,
@@ -243,7 +243,7 @@ async def scheduled_requests(
                             corrections[r.id] = (r.state, wanted_state)
     except Exception as exc:  # Prefect unreachable: the mirror is the best answer we have
         logger.warning("scheduled list from the database mirror: %r", exc)
-        return await asyncio.to_thread(
+        return await in_thread(
             _mirrored_page,
             session,
             org_id=org_id,
@@ -254,7 +254,7 @@ async def scheduled_requests(
     # before the corrections, which update these very objects
     seen = sum(1 for r in candidates[:checked] if r.state == RequestState.scheduled)
     if corrections:
-        await asyncio.to_thread(_correct, session, corrections)
+        await in_thread(_correct, session, corrections)
     return listed[offset:wanted], len(listed) + max(0, scheduled_total - seen)
 
 
@@ -271,7 +271,7 @@ async def report_links(
     *, session: Session, settings: Settings, org_id: int, request_id: str
 ) -> list[str]:
     """Signed links to the request's report files, once its flow run is Completed."""
-    request, channel = await asyncio.to_thread(
+    request, channel = await in_thread(
         _request_and_channel, session, org_id=org_id, request_id=request_id
     )
     state_type: StateType | None = None
@@ -286,7 +286,7 @@ async def report_links(
             logger.warning("report: flow run state unavailable, using the mirror: %r", exc)
             state_type = StateType.COMPLETED if request.state == RequestState.processed else None
     if wanted is not None and wanted != request.state:
-        await asyncio.to_thread(_correct, session, {request_id: (request.state, wanted)})
+        await in_thread(_correct, session, {request_id: (request.state, wanted)})
     if state_type != StateType.COMPLETED or not request.report_paths:
         if channel == Channel.inapp and state_type in (StateType.RUNNING, StateType.COMPLETED):
             raise RequestStateError(NOT_PUBLISHED)

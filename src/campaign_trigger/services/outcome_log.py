@@ -33,6 +33,7 @@ from sqlmodel import Session, col
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery import freeze
 from campaign_trigger.services.inbox import InboxEntry, publish_inapp
+from campaign_trigger.store.db import in_thread
 from campaign_trigger.store.models import DeliveredChunk, Outcome
 
 _CHUNKS: Final[Table] = DeliveredChunk.__table__  # type: ignore[attr-defined]
@@ -277,7 +278,7 @@ class OutcomeRecorder:
     async def _commit(self, batch: list[tuple[OutcomeRow, asyncio.Future[None]]]) -> None:
         also, self._also = self._also, []
         try:
-            await asyncio.to_thread(_commit, self.session, [row for row, _ in batch], also=also)
+            await in_thread(_commit, self.session, [row for row, _ in batch], also=also)
         except Exception as exc:
             for _, done in batch:
                 if not done.done():
@@ -291,7 +292,7 @@ class OutcomeRecorder:
     async def record_all(self, rows: Sequence[OutcomeRow]) -> None:
         """Commit ``rows`` at once (outcomes known before any send)."""
         if rows:
-            await asyncio.to_thread(_commit, self.session, rows)
+            await in_thread(_commit, self.session, rows)
             self.recorded += len(rows)
 
     async def finish(self) -> None:
@@ -301,7 +302,7 @@ class OutcomeRecorder:
             self._wake.set()
             await self._writer
         also, self._also = self._also, []
-        await asyncio.to_thread(
+        await in_thread(
             _commit, self.session, [], chunk=(self.request_id, self.chunk_no), also=also
         )
 

@@ -27,7 +27,7 @@ from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from campaign_trigger.services import prefect_runs
-from campaign_trigger.store.db import Sessions
+from campaign_trigger.store.db import Sessions, in_thread
 from campaign_trigger.store.models import Request, RequestState
 
 logger = logging.getLogger(__name__)
@@ -103,11 +103,11 @@ async def drain_outbox(
             return await drain_outbox(session=session, batch_size=batch_size, client=own_client)
     total = 0
     while True:
-        batch = await asyncio.to_thread(_outbox_batch, session, batch_size)
+        batch = await in_thread(_outbox_batch, session, batch_size)
         if not batch:
             return total
         created = await prefect_runs.create_runs(client, batch)
-        cancelled = await asyncio.to_thread(_record_flow_runs, session, created)
+        cancelled = await in_thread(_record_flow_runs, session, created)
         for flow_run_id in cancelled:
             await prefect_runs.cancel_if_scheduled(client, flow_run_id)
         total += len(created)

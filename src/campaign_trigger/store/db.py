@@ -6,11 +6,15 @@ keys); an existing one of ours loses any group or other rights.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -18,6 +22,9 @@ from sqlmodel import Session
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.store.private import private_file
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SQLITE_POOL_SIZE = 40  # anyio's default thread limiter: the API's worker threads
 SQLITE_POOL_OVERFLOW = 20  # asyncio's default executor (lifecycle, the outbox drainer), exits
@@ -86,3 +93,28 @@ def session_scope() -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+async def in_thread(call: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``asyncio.to_thread`` for work on a session the caller goes on using: cancelled, it
+    raises only once the thread's call has ended.
+
+    A cancelled ``to_thread`` raises at once while its thread goes on. The caller's
+    rollback and close (:func:`session_scope`) then run beside the thread's statements and
+    commit: a session is one thread's at a time, and a transaction begun by the thread
+    after the rollback could stay open on a connection back in the pool, unknown to any
+    session (on SQLite the one write lock, every other writer failing with "database is
+    locked"; on PostgreSQL the locks of its rows).
+    """
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    done = loop.run_in_executor(None, functools.partial(context.run, call, *args, **kwargs))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        while not done.done():  # a second cancel does not cut the wait short
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([done])
+        if not done.cancelled():
+            done.exception()  # retrieved: the cancel is what the caller gets
+        raise

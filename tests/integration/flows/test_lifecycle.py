@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -13,15 +14,17 @@ from uuid import UUID
 import pytest
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.objects import State, StateType
+from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.context import FlowRunContext
-from prefect.states import Cancelled, Cancelling, Crashed
+from prefect.states import Cancelled, Cancelling, Crashed, Failed
+from sqlalchemy.engine import make_url
 from sqlmodel import select
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.deployments.worker import run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
+from campaign_trigger.flows.deliver import _on_failure, deliver_request
 from campaign_trigger.services import (
     housekeeping,
     lifecycle,
@@ -228,6 +231,48 @@ async def test_a_cancel_of_a_request_processed_meanwhile_is_refused_as_started(
     monkeypatch.setattr(prefect_runs, "read_run", real_read_run)
     with pytest.raises(RequestStateError, match="Request can't be canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)  # read processed
+
+
+async def as_the_engine_calls(hook: Any, run: FlowRun) -> None:
+    """Prefect's flow engine calls a hook on the run's event loop, awaiting what it gives."""
+    result = hook(deliver_request, run, Failed())
+    if asyncio.iscoroutine(result):
+        await result
+
+
+async def test_the_failure_hook_waits_for_the_database_off_the_event_loop(
+    deployed: ManagedProcess,
+) -> None:
+    """A failed or crashed run's hook marks its request failed. While another writer holds
+    the database's write lock, the event loop it runs on (every run of the worker process,
+    its cancel watch) goes on; the request is marked once the lock is released."""
+    tenant = seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    with session_scope() as session:
+        request_states.set_state(session=session, request_id=request_id, state=RequestState.running)
+    run = FlowRun(flow_id=uuid.uuid4(), parameters={"request_id": request_id})
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    writer = sqlite3.connect(make_url(get_settings().database_url).database or "")
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+        ticker = asyncio.create_task(tick())
+        hook = asyncio.create_task(as_the_engine_calls(_on_failure, run))
+        await asyncio.sleep(0.5)
+        assert not hook.done()
+        assert ticks >= 20  # the loop went on
+    finally:
+        writer.rollback()
+        writer.close()
+    await asyncio.wait_for(hook, timeout=30)
+    ticker.cancel()
+    assert load_request(request_id).state == RequestState.failed
 
 
 async def test_a_run_whose_worker_died_is_still_running_for_the_tenant(

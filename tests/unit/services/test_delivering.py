@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +28,7 @@ from campaign_trigger.services.delivering import process_chunk
 from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.files import Storage
 from campaign_trigger.store.models import App, Channel, Device, Outcome, Platform
 from service_support import Org
@@ -170,6 +174,76 @@ def test_a_rerun_sends_only_what_was_not_recorded(
     again = FakeProvider()
     assert _deliver(session, settings, request_id, _chunk(["u0", "u1", "u2"]), again).skipped
     assert again.sent == []
+
+
+def test_a_chunk_cancelled_while_its_answers_are_written_ends_after_their_transaction(
+    database: str,
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    org: Org,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worst moment for a cancel (the UI's *Cancel* stopping a running request): a
+    batch of the chunk's answers written in the recorder's thread, not yet committed.
+    The chunk's coroutine must not end before that thread is done with its session: its
+    caller's rollback and close (``session_scope``) would otherwise run beside the
+    thread's commit, and a transaction the session no longer knows could stay open on a
+    pooled connection (on SQLite, the one write lock: every other writer of the service
+    "database is locked", as a CI run of the UI-cancel test once showed)."""
+    _devices(session, org, {"u0": "t0", "u1": "t1"})
+    request_id = _request(session, settings, storage, org, 2)
+    plan = delivery_run.start_delivery(session=session, settings=settings, request_id=request_id)
+    written, release = threading.Event(), threading.Event()
+    ended: dict[str, float] = {}
+    real_commit = outcome_log._commit
+
+    def held_before_its_commit(own: Session, rows: Any, **kwargs: Any) -> None:
+        if rows:  # the answers' batch, written: held before its commit
+            outcome_log._insert_outcomes(own, rows)
+            written.set()
+            release.wait(10)
+        try:
+            real_commit(own, rows, **kwargs)
+        finally:
+            ended["thread"] = time.monotonic()
+
+    monkeypatch.setattr(outcome_log, "_commit", held_before_its_commit)
+    provider = FakeProvider()
+
+    async def chunk() -> None:
+        with Session(engine_for(database), expire_on_commit=False) as own:  # deliver_chunk's
+            try:
+                await process_chunk(
+                    session=own,
+                    settings=settings,
+                    job=plan.job(0),
+                    chunk=_chunk(["u0", "u1"]),
+                    provider_for=lambda _settings, _app, _credentials: provider,
+                )
+            except BaseException:
+                ended["chunk"] = time.monotonic()
+                own.rollback()
+                raise
+
+    async def cancel_mid_write() -> None:
+        task = asyncio.create_task(chunk())
+        assert await asyncio.to_thread(written.wait, 10)
+        task.cancel()
+        threading.Timer(0.3, release.set).start()  # the thread goes on as the cancel unwinds
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_mid_write())
+    assert ended["thread"] <= ended["chunk"]
+    probe = sqlite3.connect(engine_for(database).url.database or "", timeout=1)
+    try:  # no transaction left open: another writer gets the write lock at once
+        probe.execute("BEGIN IMMEDIATE")
+        probe.rollback()
+    finally:
+        probe.close()
+    assert [m.token for m in provider.sent] == ["t0"]  # the cancel came before u1's send
+    assert _outcomes(session, request_id) == {"u0": ""}  # its answer committed
 
 
 def test_an_unregistered_token_is_marked_on_its_device_with_its_answer(
