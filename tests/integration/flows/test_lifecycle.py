@@ -266,7 +266,7 @@ async def test_the_failure_hook_waits_for_the_database_off_the_event_loop(
         hook = asyncio.create_task(as_the_engine_calls(_on_failure, run))
         await asyncio.sleep(0.5)
         assert not hook.done()
-        assert ticks >= 20  # the loop went on
+        assert ticks >= 5  # the loop went on (a blocked loop: none, and the hook done)
     finally:
         writer.rollback()
         writer.close()
