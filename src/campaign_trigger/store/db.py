@@ -7,12 +7,10 @@ keys); an existing one of ours loses any group or other rights.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-import functools
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from functools import lru_cache
+from contextlib import AbstractContextManager, contextmanager, suppress
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -108,12 +106,12 @@ async def in_thread(call: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) 
     """
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
-    done = loop.run_in_executor(None, functools.partial(context.run, call, *args, **kwargs))
+    done = loop.run_in_executor(None, partial(context.run, call, *args, **kwargs))
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         while not done.done():  # a second cancel does not cut the wait short
-            with contextlib.suppress(asyncio.CancelledError):
+            with suppress(asyncio.CancelledError):
                 await asyncio.wait([done])
         if not done.cancelled():
             done.exception()  # retrieved: the cancel is what the caller gets
