@@ -51,6 +51,10 @@ from campaign_trigger.store.models import Platform
 
 log = logging.getLogger(__name__)
 
+# The retries' jitter draws from a generator of its own: the global one is the
+# application's (a test seeding it, Hypothesis checking it is left alone).
+_JITTER = random.Random()
+
 
 class TransportError(Exception):
     """The request failed on the wire (connection lost, timeout); it may be retried."""
@@ -327,7 +331,7 @@ class RetryingSender(ABC):
         if asked is not None:
             return float(min(asked, self._retry_after_cap))
         backoff: float = min(self._backoff_cap, self._backoff_base * 2.0 ** (tries - 1))
-        return backoff * random.uniform(0.5, 1.0)
+        return backoff * _JITTER.uniform(0.5, 1.0)
 
 
 def _result(message: PushMessage, verdict: Verdict) -> PushResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,10 +139,13 @@ async def test_failing_provider_gives_push_failed_after_max_attempts(
     settings: Settings, sandbox: str
 ) -> None:
     provider = FcmProvider(fcm_credentials(settings), max_attempts=3, backoff_base=0.01)
+    global_random = random.getstate()
     try:
         [result] = await provider.send_many([message(0, "fail-always")])
     finally:
         await provider.aclose()
+    # The backoffs' jitter leaves the application's global generator alone.
+    assert random.getstate() == global_random
     assert result.error_message == "FPErrPushFailed"
     assert result.sent_at is None
     stats = httpx.get(f"{sandbox}/sandbox/stats").json()
