@@ -1,6 +1,6 @@
 """The delivery contract: what a flow hands a push provider and what it gets back.
 
-A flow opens one provider per app (:func:`campaign_trigger.delivery.open_provider`),
+A flow opens one provider per app (:func:`campaign_trigger.delivery.providers.open_provider`),
 calls :meth:`PushProvider.send_many` with a chunk of rendered messages and gets one
 :class:`PushResult` per message, in the same order, never an exception for a
 per-message failure. ``error_message`` is ``""`` on success, else one of the

@@ -10,18 +10,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from campaign_trigger.errors import AdminError
 from campaign_trigger.services.campaign_content import CampaignContent
-from campaign_trigger.services.device_import import (
-    Progress,
-    import_device_table,
-    read_device_file,
-)
 from campaign_trigger.services.passwords import hash_password
 from campaign_trigger.store.models import (
     Account,
@@ -35,6 +30,9 @@ from campaign_trigger.store.models import (
     Platform,
     Role,
 )
+
+if TYPE_CHECKING:
+    from campaign_trigger.services.device_import import Progress
 
 E = TypeVar("E", Role, Platform, Channel)
 
@@ -240,6 +238,9 @@ def import_devices(
 
     The whole file is checked before anything is written (the first bad row refuses it);
     the writes are bulk (see :mod:`campaign_trigger.services.device_import`)."""
+    # pyarrow is loaded by the one command that reads a device file, not by every one.
+    from campaign_trigger.services.device_import import import_device_table, read_device_file
+
     app = session.exec(select(App).where(App.app_id == app_id)).first()
     if app is None:
         raise AdminError(f"Unknown app {app_id!r}")

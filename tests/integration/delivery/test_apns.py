@@ -18,12 +18,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from push_helpers import DATA, FakeClock, message
 
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.apns import ApnsProvider
 from campaign_trigger.delivery.base import PushMessage
 from campaign_trigger.delivery.credentials import apns_credentials
 from campaign_trigger.delivery.curl_h2 import CurlPool, http2_supported
 from campaign_trigger.delivery.h2client import H2Pool
+from campaign_trigger.delivery.providers import open_provider
 from campaign_trigger.store.models import App, Platform
 
 

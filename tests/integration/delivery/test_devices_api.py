@@ -17,8 +17,8 @@ from sqlmodel import select
 
 from campaign_trigger.api.app import create_app
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.base import PushMessage
+from campaign_trigger.delivery.providers import open_provider
 from campaign_trigger.services import devices
 from campaign_trigger.services.inbox import InboxEntry, publish_inapp
 from campaign_trigger.store.db import session_scope

@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from push_helpers import DATA, FakeClock, message
 
 from campaign_trigger.config import Settings
-from campaign_trigger.delivery import open_provider
 from campaign_trigger.delivery.base import PushMessage
 from campaign_trigger.delivery.credentials import fcm_credentials
 from campaign_trigger.delivery.fcm import FcmProvider
+from campaign_trigger.delivery.providers import open_provider
 from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.store.models import App, Platform
 
