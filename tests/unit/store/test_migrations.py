@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from sqlmodel import SQLModel
 
 from campaign_trigger.store import models  # noqa: F401
 from campaign_trigger.store.db import engine_for
-from campaign_trigger.store.migrate import downgrade, upgrade
+from campaign_trigger.store.migrate import HEAD, MIGRATIONS, downgrade, upgrade
 
 
 def _tables(url: str) -> set[str]:
@@ -34,6 +36,42 @@ def test_migrations_round_trip_on_sqlite(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_migrations_round_trip_on_postgres(postgres_url: str) -> None:
     _round_trip(postgres_url)
+
+
+def test_head_names_the_newest_migration() -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    assert ScriptDirectory.from_config(config).get_heads() == [HEAD]
+
+
+def test_a_database_at_head_is_left_alone_without_loading_alembic(tmp_path: Path) -> None:
+    """Every admin command migrates first: at head, that is one read, not Alembic."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    check = (
+        "import sys\n"
+        "from campaign_trigger.store.migrate import upgrade\n"
+        f"upgrade({url!r})\n"
+        "print('alembic' in sys.modules)\n"
+    )
+
+    def loads_alembic() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", check], capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    assert loads_alembic() == "True"  # a new database: migrated
+    assert _tables(url) == set(SQLModel.metadata.tables)
+    assert loads_alembic() == "False"  # at head: left alone
+    downgrade(url, "0006_webhooks")
+    assert loads_alembic() == "True"  # behind: migrated
+    assert "device" in _tables(url)
+    with engine_for(url).connect() as connection:
+        version = connection.execute(sa.text("SELECT version_num FROM alembic_version"))
+        assert version.scalar_one() == HEAD
 
 
 def test_models_match_the_latest_migration(tmp_path: Path) -> None:
