@@ -31,7 +31,7 @@ def alembic_config(database_url: str) -> Config:
 
 def upgrade(database_url: str, revision: str = "head") -> None:
     """Bring the database at ``database_url`` to ``revision``."""
-    if revision == "head" and _recorded_revision(database_url) == HEAD:
+    if revision == "head" and current_revision(database_url) == HEAD:
         return
     from alembic import command
 
@@ -45,17 +45,9 @@ def downgrade(database_url: str, revision: str) -> None:
 
 
 def current_revision(database_url: str) -> str | None:
-    """The revision the database is at (None: never migrated)."""
-    from alembic.migration import MigrationContext
-
-    with engine_for(database_url).connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
-
-
-def _recorded_revision(database_url: str) -> str | None:
-    """The revision in Alembic's table, read without Alembic (None: no such table yet)."""
+    """The revision the database is at (None: never migrated), read without Alembic."""
     try:
         with engine_for(database_url).connect() as connection:
             return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except DBAPIError:
+    except DBAPIError:  # no such table yet
         return None
