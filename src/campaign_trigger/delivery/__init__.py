@@ -3,6 +3,6 @@
 The flow calls :func:`~campaign_trigger.delivery.providers.open_provider` once per app and
 chunk (or per app and run), then ``await provider.send_many(messages)``; see
 ``delivery/base.py`` for the contract. The package imports none of its modules: what
-needs only the contract (the admin CLI, the API's checks) does not load the providers'
-HTTP stacks.
+needs only the contract (the admin commands' campaign checks) does not load the
+providers' HTTP stacks.
 """
