@@ -1,6 +1,7 @@
 """The delivery worker is a Prefect worker of its pool: it shows in the pool's worker
 list, a run scheduled in its queue wakes it, its pool offers no job variable, a paused
-pool gets nothing claimed, a pool concurrency limit of one runs one delivery at a time,
+pool gets nothing claimed, a concurrency limit of one on the pool or on the requests'
+queue runs one delivery at a time,
 every request's steps are task runs, and a run suspended in the UI stops at its next
 step."""
 
@@ -22,7 +23,7 @@ from prefect.states import Suspended
 from prefect.workers.base import BaseWorker
 
 from campaign_trigger.delivery.sandbox_rules import SandboxState
-from campaign_trigger.deployments.catalog import DELIVERY_POOL
+from campaign_trigger.deployments.catalog import DELIVER_REQUEST, DELIVERY_POOL
 from campaign_trigger.deployments.worker import DeliveryWorker
 from delivery_support import (
     DeviceSpec,
@@ -39,15 +40,20 @@ from support import ManagedProcess
 
 pytestmark = [pytest.mark.slow]
 
+REQUESTS_QUEUE = DELIVER_REQUEST.work_queue  # the pool's queue of the requests' runs
+
 
 @pytest.fixture
 async def pool_settings(deployed: ManagedProcess) -> AsyncIterator[None]:
-    """Whatever a test changes of the delivery pool is undone after it."""
+    """Whatever a test changes of the delivery pool and its requests' queue is undone
+    after it."""
     yield
     async with get_client() as client:
         await client.update_work_pool(
             DELIVERY_POOL, WorkPoolUpdate(is_paused=False, concurrency_limit=None)
         )
+        queue = await client.read_work_queue_by_name(REQUESTS_QUEUE, work_pool_name=DELIVERY_POOL)
+        await client.update_work_queue(queue.id, concurrency_limit=None)
 
 
 def _one_user_requests(count: int) -> list[str]:
@@ -112,11 +118,20 @@ async def test_a_paused_pool_gets_no_run_claimed_until_it_is_resumed(
     assert state_name(run) == "COMPLETED"
 
 
-async def test_a_pool_concurrency_limit_of_one_runs_one_delivery_at_a_time(
-    worker: None, pool_settings: None, sandbox_state: SandboxState
+@pytest.mark.parametrize("limited", ["pool", "queue"])
+async def test_a_concurrency_limit_of_one_runs_one_delivery_at_a_time(
+    worker: None, pool_settings: None, sandbox_state: SandboxState, limited: str
 ) -> None:
+    """A limit set on the pool, or on the queue the requests' runs are in (as the UI's
+    Work Pools page sets either)."""
     async with get_client() as client:
-        await client.update_work_pool(DELIVERY_POOL, WorkPoolUpdate(concurrency_limit=1))
+        if limited == "pool":
+            await client.update_work_pool(DELIVERY_POOL, WorkPoolUpdate(concurrency_limit=1))
+        else:
+            queue = await client.read_work_queue_by_name(
+                REQUESTS_QUEUE, work_pool_name=DELIVERY_POOL
+            )
+            await client.update_work_queue(queue.id, concurrency_limit=1)
     sandbox_state.configure(latency_ms=700)  # each delivery lasts at least 0.7 s
     try:
         requests = _one_user_requests(3)
