@@ -1,5 +1,6 @@
 """What ``up`` starts, and in what order: how many API processes it picks; the sandbox and
-the API start beside the Prefect server, the worker and the runner once it answers."""
+the API start beside the Prefect server, the worker and the runner once it answers; a
+child that dies is started again after a backoff."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -102,3 +104,59 @@ def test_a_child_starts_once_those_it_comes_after_answer_the_others_at_once(
     stamps = {path.name: float(path.read_text()) for path in (answers, after, beside)}
     assert stamps["beside"] < stamps["answers"] < stamps["after"], stamps
     assert all(not child.alive() for child in children)
+
+
+def test_a_child_that_keeps_dying_is_restarted_ever_later_and_afresh_once_it_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each death is said with the child's exit code and its last lines; the backoff
+    doubles from 1 s up to ``RESTART_BACKOFF_CAP``, and a child that then ran for
+    ``STABLE_AFTER_SECONDS`` starts from 1 s again when it next dies. On a clock of the
+    test's (the children are real processes)."""
+    now = [1000.0]
+    monkeypatch.setattr("campaign_trigger.stack.time", SimpleNamespace(monotonic=lambda: now[0]))
+    said: list[str] = []
+    logs = tmp_path / "logs"
+    dying = [sys.executable, "-c", "print('out of memory'); raise SystemExit(3)"]
+    child = Child("delivery worker", dying, None)
+    child.start(log_dir=logs)
+
+    def delay_of_next_restart() -> float:
+        assert child.process is not None
+        child.process.wait(timeout=30)
+        stack._supervise(child, log_dir=logs, say=said.append)  # notices the death
+        assert child.restart_at is not None
+        delay = child.restart_at - now[0]
+        now[0] = child.restart_at - 0.01
+        stack._supervise(child, log_dir=logs, say=said.append)
+        assert not child.alive()  # not before its time
+        now[0] = child.restart_at
+        stack._supervise(child, log_dir=logs, say=said.append)
+        assert child.restart_at is None
+        return delay
+
+    delays = [delay_of_next_restart() for _ in range(7)]
+    assert delays == [1, 2, 4, 8, 16, stack.RESTART_BACKOFF_CAP, stack.RESTART_BACKOFF_CAP]
+    assert said[0].startswith(
+        "The delivery worker stopped (exit code 3); starting it again in 1 s. Its last lines:"
+    )
+    assert "out of memory" in said[0]
+    assert said[1] == "The delivery worker was started again (restart 1)."
+    assert said[-1] == "The delivery worker was started again (restart 7)."
+
+    # It holds now: past STABLE_AFTER_SECONDS alive, its next death is 1 s away again.
+    child.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert child.process is not None
+    child.process.wait(timeout=30)
+    delay_of_next_restart()
+    assert child.alive()
+    now[0] += stack.STABLE_AFTER_SECONDS - 1
+    stack._supervise(child, log_dir=logs, say=said.append)
+    assert child.restarts == 8  # not yet
+    now[0] += 2
+    stack._supervise(child, log_dir=logs, say=said.append)
+    assert child.restarts == 0
+    child.argv = dying
+    child.stop()
+    assert delay_of_next_restart() == 1
+    child.stop()
