@@ -119,7 +119,6 @@ def test_a_child_that_keeps_dying_is_restarted_ever_later_and_afresh_once_it_hel
     logs = tmp_path / "logs"
     dying = [sys.executable, "-c", "print('out of memory'); raise SystemExit(3)"]
     child = Child("delivery worker", dying, None)
-    child.start(log_dir=logs)
 
     def delay_of_next_restart() -> float:
         assert child.process is not None
@@ -135,28 +134,29 @@ def test_a_child_that_keeps_dying_is_restarted_ever_later_and_afresh_once_it_hel
         assert child.restart_at is None
         return delay
 
-    delays = [delay_of_next_restart() for _ in range(7)]
-    assert delays == [1, 2, 4, 8, 16, stack.RESTART_BACKOFF_CAP, stack.RESTART_BACKOFF_CAP]
-    assert said[0].startswith(
-        "The delivery worker stopped (exit code 3); starting it again in 1 s. Its last lines:"
-    )
-    assert "out of memory" in said[0]
-    assert said[1] == "The delivery worker was started again (restart 1)."
-    assert said[-1] == "The delivery worker was started again (restart 7)."
+    child.start(log_dir=logs)
+    try:
+        delays = [delay_of_next_restart() for _ in range(7)]
+        assert delays == [1, 2, 4, 8, 16, stack.RESTART_BACKOFF_CAP, stack.RESTART_BACKOFF_CAP]
+        assert said[0].startswith(
+            "The delivery worker stopped (exit code 3); starting it again in 1 s. Its last lines:"
+        )
+        assert "out of memory" in said[0]
+        assert said[1] == "The delivery worker was started again (restart 1)."
+        assert said[-1] == "The delivery worker was started again (restart 7)."
 
-    # It holds now: past STABLE_AFTER_SECONDS alive, its next death is 1 s away again.
-    child.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
-    assert child.process is not None
-    child.process.wait(timeout=30)
-    delay_of_next_restart()
-    assert child.alive()
-    now[0] += stack.STABLE_AFTER_SECONDS - 1
-    stack._supervise(child, log_dir=logs, say=said.append)
-    assert child.restarts == 8  # not yet
-    now[0] += 2
-    stack._supervise(child, log_dir=logs, say=said.append)
-    assert child.restarts == 0
-    child.argv = dying
-    child.stop()
-    assert delay_of_next_restart() == 1
-    child.stop()
+        # It holds now: past STABLE_AFTER_SECONDS alive, its next death is 1 s away again.
+        child.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+        delay_of_next_restart()
+        assert child.alive()
+        now[0] += stack.STABLE_AFTER_SECONDS - 1
+        stack._supervise(child, log_dir=logs, say=said.append)
+        assert child.restarts == 8  # not yet
+        now[0] += 2
+        stack._supervise(child, log_dir=logs, say=said.append)
+        assert child.restarts == 0
+        child.argv = dying
+        child.stop()
+        assert delay_of_next_restart() == 1
+    finally:
+        child.stop()
