@@ -140,7 +140,8 @@ def worker(
         float,
         typer.Option(
             help="Seconds between ticks: a queue is polled at once when a run is scheduled "
-            "in it (at most once a tick), else every 2nd (requests) or 4th (shares) tick."
+            "in it (at most once a tick) and as a run scheduled ahead comes due; without "
+            "Prefect's event stream every 2nd (requests) or 4th (shares) tick."
         ),
     ] = 0.5,
     prefetch_seconds: Annotated[

@@ -10,9 +10,14 @@ run's pool and queue among its related resources. One subscription per worker pr
 (Prefect's event stream, a websocket) marks the queue woken
 (:meth:`DeliveryWorker.wake`), and the queue is polled at once (wakes poll at most
 every ``poll_seconds``).
-Without an event a queue is polled every ``IDLE_POLL_FACTOR``-th tick, which also picks
-up runs scheduled ahead as their time comes (the worker's prefetch covers that
-interval) and runs whose event was missed while the stream was down.
+The event does not say when the run is due: after an event the worker looks up the
+earliest run still scheduled in the queue (one read), and polls as that run comes
+within its prefetch; between events an idle worker sends the server nothing but its
+heartbeats and a poll every ``KEEP_READY_SECONDS`` (:meth:`DeliveryWorker.next_step`).
+Each subscription wakes every queue once, for the runs scheduled while there was none.
+Without the stream a queue is polled every ``IDLE_POLL_FACTOR``-th tick, which also
+picks up runs scheduled ahead as their time comes (the worker's prefetch covers that
+interval).
 
 The same subscription receives the pool's runs set ``Cancelling`` (the UI's Cancel) and
 marked dead (``prefect_runs.DEAD_RUN_STATE_NAME``, by the dead-run automation): each
@@ -91,11 +96,16 @@ async def wake_on_events(
         try:
             async with get_events_subscriber(filter=EventFilter(event=names)) as subscriber:
                 sweeps.stream_up = True
+                for worker in by_queue.values():
+                    worker.events_up = True
+                    worker.wake()
                 async for event in subscriber:
                     dispatch(event, by_queue, sweeps)
         except Exception as exc:  # the server is restarting, or has no event stream
             logger.warning("run events unavailable (%r): polling at idle pace", exc)
         finally:
             sweeps.stream_up = False
+            for worker in by_queue.values():
+                worker.events_up = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=RESUBSCRIBE_SECONDS)

@@ -32,12 +32,23 @@ import signal
 import socket
 import time
 import uuid
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 from uuid import UUID
 
 import anyio
 import anyio.abc
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    WorkPoolFilter,
+    WorkPoolFilterName,
+    WorkQueueFilter,
+    WorkQueueFilterName,
+)
 from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.context import AsyncClientContext
 from prefect.flow_engine import run_flow_async
 from prefect.flows import Flow
@@ -60,12 +71,16 @@ from campaign_trigger.flows import fan_out
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
-# Without an event a queue is polled every IDLE_POLL_FACTOR[queue]-th tick: requests
-# scheduled ahead come due there (the prefetch covers that interval), and runs whose event
-# was missed; a share starts as its event arrives, or as the share before it hands on.
+# While the worker has no event stream a queue is polled every IDLE_POLL_FACTOR[queue]-th
+# tick: runs scheduled ahead come due there (the prefetch covers that interval), and runs
+# whose event was missed. With the stream up those ticks look up the earliest run still
+# scheduled in the queue instead, once after each event (DeliveryWorker.next_step).
 IDLE_POLL_FACTOR = {"default": 2, "chunks": 4}
 TICK_JITTER = 1.3  # Prefect's polling loop spaces ticks up to 1.3x poll_seconds apart
 KEEP_READY_SECONDS = 30.0
+# What a tick does: poll the pool for due runs; poll, then look up the earliest run still
+# scheduled in the queue; look it up (and poll at once if it is within the prefetch).
+Step = Literal["poll", "poll, look", "look"]
 
 
 def new_worker_name() -> str:
@@ -115,6 +130,14 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.idle_poll_factor = idle_poll_factor
         self.wake_gap, self._wake_poll_due, self._wake_polled = wake_gap, False, 0.0
         self._ticks, self._polled, self._woken = 0, 0.0, False
+        # Set by wakeup.wake_on_events while its subscription is up: a run scheduled in
+        # the queue wakes it, and ticks do not poll at the idle pace.
+        self.events_up = False
+        # The earliest run still scheduled in the queue (None: none), as last looked up;
+        # unknown again after each event (a run scheduled maybe ahead) and each due poll.
+        self._due: datetime | None = None
+        self._due_known, self._wakes = False, 0
+        self._polled_window = datetime.min.replace(tzinfo=UTC)  # what the last poll asked for
 
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
@@ -131,7 +154,8 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         Polling at once saves a send-now request the wait for the next tick (up to
         ``poll_seconds`` times Prefect's jitter). Wakes poll at most every ``wake_gap``:
         a busy worker, woken by every request, polls no more often than its ticks would."""
-        self._woken = True
+        self._woken, self._due_known = True, False
+        self._wakes += 1
         if self._runs_task_group is not None and not self._wake_poll_due:
             self._wake_poll_due = True
             self._runs_task_group.start_soon(self._poll_when_woken)
@@ -147,35 +171,102 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         finally:
             self._wake_poll_due = False
 
-    def worth_polling(self) -> bool:
-        """Whether this tick polls the pool for due runs: not while every slot is taken
-        (nothing could be taken); else if a run was scheduled in the queue since the last
-        poll (:meth:`wake`), or at every ``idle_poll_factor``-th tick unless the last poll
-        (a wake's, a share's hand-on) is less than ``wake_gap`` old (runs scheduled ahead
-        coming due, events missed); and
-        at least every ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s
-        as not ready). A poll costs the Prefect server ~23 ms of CPU (docs/benchmarks.md)."""
+    def next_step(self) -> Step | None:
+        """What this tick of Prefect's polling loop does (:data:`Step`), or nothing.
+
+        Nothing while every slot is taken (nothing could be taken; a run's end polls if
+        a run was scheduled meanwhile). Else ``"poll"`` if a run was scheduled in the
+        queue since the last poll (:meth:`wake`); ``"poll, look"`` if the earliest run
+        scheduled ahead comes within the prefetch. At every ``idle_poll_factor``-th tick
+        whose last poll (a wake's, a share's hand-on) is at least ``wake_gap`` old:
+        without an event stream ``"poll"`` (runs coming due, events missed); with it,
+        ``"look"`` if an event or a due poll left the earliest run unknown, ``"poll,
+        look"`` if the earliest is left due (a paused pool, a concurrency limit: nothing
+        says when the server would hand it out), else nothing: between events an idle
+        worker asks the server nothing. And ``"poll"`` at least every
+        ``KEEP_READY_SECONDS`` (Prefect shows a queue not polled for 60 s as not ready).
+        A poll costs the Prefect server ~23 ms of CPU (docs/benchmarks.md)."""
         self._ticks += 1
         since = time.monotonic() - self._polled
         if since >= KEEP_READY_SECONDS:
-            return True
+            return "poll"
         if not self._slot_free():
-            return False
+            return None
         if self._woken:
-            return True
-        return since >= self.wake_gap and self._ticks % self.idle_poll_factor == 0
+            return "poll"
+        if self._comes_due():
+            return "poll, look"
+        if since < self.wake_gap or self._ticks % self.idle_poll_factor:
+            return None
+        if not self.events_up:
+            return "poll"
+        if not self._due_known:
+            return "look"
+        return "poll, look" if self._left_due() else None
+
+    def _comes_due(self) -> bool:
+        """Whether the earliest run, known from a look and scheduled after the last poll's
+        window, is now within the prefetch (the next poll's window)."""
+        if not self.events_up or self._left_due() or not self._due_known or self._due is None:
+            return False
+        return self._due <= self._window()
+
+    def _left_due(self) -> bool:
+        """Whether the earliest run, known from a look, was within the last poll's window
+        and is still scheduled: not handed out (or claimed by another worker since)."""
+        return self._due_known and self._due is not None and self._due <= self._polled_window
+
+    def _window(self) -> datetime:
+        """The runs a poll now asks for are scheduled before this (Prefect's own bound)."""
+        return datetime.now(UTC) + timedelta(seconds=int(self._prefetch_seconds))
+
+    async def _look_ahead(self) -> None:
+        """Look up the earliest run still scheduled in this queue (one read of the
+        server); a wake meanwhile leaves it unknown (the run it announced may be
+        earlier), and so does a failed read: the next idle tick looks again."""
+        wakes = self._wakes
+        try:
+            runs = await self.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])
+                    )
+                ),
+                work_pool_filter=WorkPoolFilter(
+                    name=WorkPoolFilterName(any_=[catalog.DELIVERY_POOL])
+                ),
+                work_queue_filter=WorkQueueFilter(name=WorkQueueFilterName(any_=[self.queue])),
+                sort=FlowRunSort.NEXT_SCHEDULED_START_TIME_ASC,
+                limit=1,
+            )
+        except Exception as exc:
+            logger.warning("look-up of the %s queue's scheduled runs failed: %r", self.queue, exc)
+            return
+        if wakes == self._wakes:
+            self._due = runs[0].next_scheduled_start_time if runs else None
+            self._due_known = True
 
     def _slot_free(self) -> bool:
         return self._limiter is None or self._limiter.available_tokens >= 1
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
-        """A tick of Prefect's polling loop: poll if :meth:`worth_polling`."""
-        if not self.worth_polling():
+        """A tick of Prefect's polling loop: :meth:`next_step`'s. A look that finds the
+        earliest run within the prefetch polls at once, then looks for the next."""
+        step = self.next_step()
+        if step == "look":
+            await self._look_ahead()
+            step = "poll, look" if self._comes_due() else None
+        if step is None:
             return []
-        return await self._poll()
+        runs = await self._poll()
+        if step == "poll, look":
+            self._due_known = False
+            await self._look_ahead()
+        return runs
 
     async def _poll(self) -> list[FlowRun]:
         self._polled, self._woken = time.monotonic(), False  # a wake from now on: poll again
+        self._polled_window = self._window()
         return await super().get_and_submit_flow_runs()
 
     async def _poll_now(self) -> None:
@@ -368,9 +459,10 @@ async def run_worker(
     if stop.is_set():
         return
     name = new_worker_name()
-    # A request scheduled ahead is claimed at an idle poll as it comes within the prefetch,
-    # which covers their interval (whole seconds: Prefect rounds it down), so never late;
-    # the server holds the claimed run's start until its time.
+    # A request scheduled ahead is claimed as it comes within the prefetch, at the next
+    # tick (its time looked up after its event) or, without an event stream, at an idle
+    # poll: the prefetch covers their interval (whole seconds: Prefect rounds it down), so
+    # never late; the server holds the claimed run's start until its time.
     idle = poll_seconds * IDLE_POLL_FACTOR["default"] * TICK_JITTER
     prefetch = max(prefetch_seconds, math.ceil(idle))
     workers = [
@@ -409,10 +501,11 @@ async def run_worker(
             beats.beating(),
         ):
             # A queue is polled at once when a run is scheduled in it (Prefect's events,
-            # wakeup.py; wakes poll at most every poll_seconds), else every
-            # IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of CPU); the chunks
-            # queue also at once when a share hands on; a run ending with its queue woken
-            # (a run scheduled while every slot was taken) wakes it again.
+            # wakeup.py; wakes poll at most every poll_seconds), and as the earliest run
+            # scheduled ahead comes due (DeliveryWorker.next_step); without the event
+            # stream every IDLE_POLL_FACTOR-th tick (a poll costs the server ~23 ms of
+            # CPU); the chunks queue also at once when a share hands on; a run ending with
+            # its queue woken (a run scheduled while every slot was taken) wakes it again.
             # The cancel watch and the dead-run sweep too, when a run is cancelled or
             # marked dead (upkeep.py).
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1])

@@ -370,7 +370,7 @@ async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # the answers of messages in flight at the stop land
         sent = sandbox_stats(sandbox_url)["per_token"]
-        await asyncio.sleep(3.0)  # the worker, its slots free, polls ten times meanwhile
+        await asyncio.sleep(3.0)  # a share left scheduled would be found due and claimed
         again = sandbox_stats(sandbox_url)["per_token"]
     finally:
         sandbox_state.configure(latency_ms=0)

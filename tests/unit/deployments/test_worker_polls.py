@@ -1,8 +1,10 @@
 """When a delivery worker polls its queue: at once when a run is scheduled in it (a
-Prefect event woke it), or once its last poll is ``wake_gap`` old; every
-``idle_poll_factor``-th tick else (a share running or being made in its process
-included: the shares' own events start them), never while every slot is taken, and at
-least every ``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was
+Prefect event woke it), or once its last poll is ``wake_gap`` old; without an event
+stream every ``idle_poll_factor``-th tick else (a share running or being made in its
+process included: the shares' own events start them); with the stream up, at those
+ticks, a look-up of the earliest run scheduled after each event, and a poll as that run
+comes within the prefetch or while it is left due; never while every slot is taken, and
+at least every ``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was
 scheduled while every slot was taken; which queue an event wakes, and which of the
 upkeep's looks (the cancel watch, the dead-run sweep) a run's event starts."""
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
@@ -35,7 +39,7 @@ def _polled_a_tick_ago(*, slots: int = 2, taken: int = 0) -> DeliveryWorker:
 
 
 def _ticks(worker: DeliveryWorker, count: int) -> list[bool]:
-    return [worker.worth_polling() for _ in range(count)]
+    return [worker.next_step() == "poll" for _ in range(count)]
 
 
 async def test_an_unwoken_queue_is_polled_every_fourth_tick() -> None:
@@ -55,7 +59,7 @@ async def test_a_worker_with_every_slot_taken_does_not_poll() -> None:
 async def test_a_queue_unpolled_for_too_long_is_polled_whatever_the_rest() -> None:
     worker = _polled_a_tick_ago(taken=2)
     worker._polled = time.monotonic() - KEEP_READY_SECONDS
-    assert worker.worth_polling()
+    assert worker.next_step() == "poll"
 
 
 async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_idles(
@@ -63,7 +67,7 @@ async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_id
 ) -> None:
     worker = _polled_a_tick_ago(taken=2)
     worker.wake()
-    assert not worker.worth_polling()  # every slot taken: it stays woken
+    assert worker.next_step() != "poll"  # every slot taken: it stays woken
     run_slots(worker).release_on_behalf_of(0)
     polled: list[DeliveryWorker] = []
 
@@ -83,7 +87,121 @@ async def test_a_tick_right_after_a_poll_off_the_ticks_does_not_poll_at_the_idle
     worker._polled = time.monotonic()  # a wake's or a hand-on's poll, just now
     assert _ticks(worker, 4) == [False] * 4
     worker.wake()  # a run scheduled since: polled whatever the pace
-    assert worker.worth_polling()
+    assert worker.next_step() == "poll"
+
+
+class _Server:
+    """The Prefect server as a worker's ticks see it: one run scheduled in the queue at
+    ``due`` (None: none), handed out by a poll whose window holds it unless ``holding``
+    (a paused pool, a concurrency limit); what it was asked, tick by tick."""
+
+    def __init__(self, due: datetime | None, *, holding: bool = False) -> None:
+        self.due, self.holding = due, holding
+        self.asked: list[str] = []
+        self.meanwhile: Callable[[], None] = lambda: None  # while it answers a look
+
+    async def read_flow_runs(self, **query: object) -> list[FlowRun]:
+        self.asked.append("look")
+        self.meanwhile()
+        if self.due is None:
+            return []
+        return [FlowRun(flow_id=uuid.uuid4(), next_scheduled_start_time=self.due)]
+
+    def poll(self, worker: DeliveryWorker) -> None:
+        self.asked.append("poll")
+        if self.due is not None and self.due <= worker._polled_window and not self.holding:
+            self.due = None
+
+
+def _streamed(server: _Server, monkeypatch: pytest.MonkeyPatch) -> DeliveryWorker:
+    """A worker whose event stream is up, asking ``server``; its ticks as fast as
+    wanted (no gap after a poll)."""
+
+    async def poll(self: DeliveryWorker) -> list[FlowRun]:
+        server.poll(self)
+        return []
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    worker = _polled_a_tick_ago()
+    worker.events_up, worker.wake_gap = True, 0.0
+    worker._client = server  # type: ignore[assignment]
+    return worker
+
+
+async def _ticks_asked(worker: DeliveryWorker, server: _Server, count: int) -> list[list[str]]:
+    """What each of ``count`` ticks asked the server."""
+    asked = []
+    for _ in range(count):
+        before = len(server.asked)
+        await worker.get_and_submit_flow_runs()
+        asked.append(server.asked[before:])
+    return asked
+
+
+async def test_with_the_stream_up_an_idle_queue_looks_ahead_once_then_asks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _Server(due=None)
+    worker = _streamed(server, monkeypatch)
+    assert await _ticks_asked(worker, server, 4) == [[], [], [], ["look"]]  # at the idle pace
+    assert await _ticks_asked(worker, server, 40) == [[]] * 40  # nothing scheduled
+    worker._polled = time.monotonic() - KEEP_READY_SECONDS
+    assert await _ticks_asked(worker, server, 1) == [["poll"]]  # the queue still shows ready
+
+
+async def test_a_run_scheduled_ahead_is_polled_for_as_it_comes_within_the_prefetch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _Server(due=None)
+    worker = _streamed(server, monkeypatch)
+    server.due = worker._window() + timedelta(seconds=0.5)
+    assert await _ticks_asked(worker, server, 8) == [[], [], [], ["look"], [], [], [], []]
+    await asyncio.sleep(0.6)
+    # At the next tick, not at the idle pace; then the next earliest is looked up.
+    assert await _ticks_asked(worker, server, 1) == [["poll", "look"]]
+    assert server.due is None  # handed out
+    assert await _ticks_asked(worker, server, 8) == [[]] * 8
+
+
+async def test_a_look_finding_a_run_due_polls_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Runs staggered closer than the idle pace: each one found is claimed in that tick.
+    server = _Server(due=datetime.now(UTC))
+    worker = _streamed(server, monkeypatch)
+    assert await _ticks_asked(worker, server, 4) == [[], [], [], ["look", "poll", "look"]]
+    assert server.due is None
+
+
+async def test_a_run_left_due_is_polled_for_at_the_idle_pace_until_it_is_handed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A paused pool, a concurrency limit: the server hands nothing out, and no event
+    # comes when it would; the run is found left due at each look, and polled for.
+    server = _Server(due=datetime.now(UTC) - timedelta(seconds=20), holding=True)
+    worker = _streamed(server, monkeypatch)
+    idle_pace = [[], [], [], ["poll", "look"]]
+    assert await _ticks_asked(worker, server, 4) == [[], [], [], ["look", "poll", "look"]]
+    assert await _ticks_asked(worker, server, 8) == idle_pace * 2
+    server.holding = False  # the pool resumed
+    assert await _ticks_asked(worker, server, 4) == idle_pace
+    assert server.due is None
+    assert await _ticks_asked(worker, server, 8) == [[]] * 8
+
+
+async def test_an_event_makes_the_earliest_run_unknown_even_during_a_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _Server(due=None)
+    worker = _streamed(server, monkeypatch)
+    assert await _ticks_asked(worker, server, 4) == [[], [], [], ["look"]]
+    worker.wake()  # a run scheduled: maybe ahead
+    assert await _ticks_asked(worker, server, 4) == [["poll"], [], [], ["look"]]
+    worker.wake()
+    server.meanwhile = worker.wake  # a run scheduled while the server answers the look
+    assert await _ticks_asked(worker, server, 4) == [["poll"], [], [], ["look"]]
+    assert not worker._due_known  # the answer may predate that run: polled, looked again
+    server.meanwhile = lambda: None
+    assert await _ticks_asked(worker, server, 4) == [["poll"], [], [], ["look"]]
+    assert worker._due_known
 
 
 def _scheduled(pool: str, queue: str, *, state: str = "Scheduled") -> Event:
