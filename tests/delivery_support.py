@@ -25,7 +25,7 @@ from prefect.events.clients import get_events_subscriber
 from sqlalchemy import insert
 
 from campaign_trigger.deployments import upkeep, wakeup
-from campaign_trigger.deployments.worker import DeliveryWorker
+from campaign_trigger.deployments.worker import DeliveryWorker, run_worker
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -358,6 +358,24 @@ def sweeps_on_events_only(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
 
     monkeypatch.setattr(wakeup, "get_events_subscriber", noted)
     return subscribed
+
+
+@contextlib.asynccontextmanager
+async def worker_on_events_only(
+    monkeypatch: pytest.MonkeyPatch, *, poll_seconds: float
+) -> AsyncIterator[None]:
+    """An in-process worker (two slots) whose sweeps look only on events
+    (:func:`sweeps_on_events_only`), from the moment its event subscription is open; it
+    stops at the end."""
+    subscribed = sweeps_on_events_only(monkeypatch)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, poll_seconds=poll_seconds))
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, timeout=60)
 
 
 def run_slots(worker: DeliveryWorker) -> anyio.CapacityLimiter:

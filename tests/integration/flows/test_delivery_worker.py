@@ -25,7 +25,7 @@ from prefect.workers.base import BaseWorker
 
 from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.deployments.catalog import DELIVER_REQUEST, DELIVERY_POOL
-from campaign_trigger.deployments.worker import DeliveryWorker, run_worker
+from campaign_trigger.deployments.worker import DeliveryWorker
 from delivery_support import (
     DeviceSpec,
     add_devices,
@@ -36,8 +36,8 @@ from delivery_support import (
     sandbox_stats,
     seed_tenant,
     state_name,
-    sweeps_on_events_only,
     wait_for_state,
+    worker_on_events_only,
 )
 from support import ManagedProcess
 
@@ -111,7 +111,6 @@ async def test_an_idle_worker_asks_the_server_nothing_and_claims_a_run_scheduled
     """With its event stream up an idle worker neither polls nor looks (each poll cost the
     server ~23 ms of CPU, every 2nd or 4th tick of every idle worker); a request scheduled
     ahead is still claimed within the prefetch and starts at its time."""
-    subscribed = sweeps_on_events_only(monkeypatch)  # no sweep's own look either
     asked: list[tuple[str, str, datetime]] = []
     poll, look = BaseWorker.get_and_submit_flow_runs, DeliveryWorker._look_ahead
 
@@ -128,10 +127,7 @@ async def test_an_idle_worker_asks_the_server_nothing_and_claims_a_run_scheduled
     tenant = seed_tenant()
     user = f"ahead-{uuid.uuid4().hex[:6]}"
     add_devices([DeviceSpec(tenant.android, f"d-{user}", user, f"tok-{user}")])
-    stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, poll_seconds=0.3))
-    try:
-        await asyncio.wait_for(subscribed.wait(), timeout=60)
+    async with worker_on_events_only(monkeypatch, poll_seconds=0.3):  # no sweep's own look
         await asyncio.sleep(3)  # the subscription's wake: a poll, then a look, of each queue
         asked.clear()
         await asyncio.sleep(6)  # ~15 ticks of each queue
@@ -140,9 +136,6 @@ async def test_an_idle_worker_asks_the_server_nothing_and_claims_a_run_scheduled
         request_id = add_request(tenant, [user], send_at=send_at)
         await drain()
         run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
-    finally:
-        stop.set()
-        await asyncio.wait_for(worker, timeout=60)
     assert state_name(run) == "COMPLETED", run.state
     assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{user}") == 1
     assert run.start_time is not None

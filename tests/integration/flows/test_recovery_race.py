@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from campaign_trigger.deployments import upkeep
 from campaign_trigger.deployments.register import ZOMBIE_MESSAGE
-from campaign_trigger.deployments.worker import DeliveryWorker, run_worker
+from campaign_trigger.deployments.worker import DeliveryWorker
 from campaign_trigger.services import prefect_runs
 from delivery_support import (
     DeviceSpec,
@@ -34,8 +34,8 @@ from delivery_support import (
     sandbox_stats,
     seed_tenant,
     state_name,
-    sweeps_on_events_only,
     wait_for_state,
+    worker_on_events_only,
 )
 from support import ManagedProcess
 
@@ -102,22 +102,15 @@ async def test_a_run_marked_dead_is_taken_over_as_the_server_announces_it(
 ) -> None:
     """The sweep looks when the dead-run automation's state event arrives: with it never
     looking on its own, the run is still taken over and delivered once."""
-    subscribed = sweeps_on_events_only(monkeypatch)
     tenant = seed_tenant()
     user = f"announced-{uuid.uuid4().hex[:6]}"
     add_devices([DeviceSpec(tenant.android, f"d-{user}", user, f"tok-{user}")])
-    stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, poll_seconds=0.2))
-    try:
-        await asyncio.wait_for(subscribed.wait(), timeout=60)
+    async with worker_on_events_only(monkeypatch, poll_seconds=0.2):
         # Due in 15 s: the ghost claims it long before the worker's prefetch would (2 s).
         request_id = add_request(tenant, [user], send_at=datetime.now(UTC) + timedelta(seconds=15))
         await drain()
         await _left_crashed_by_a_dead_worker(request_id, ghost=f"ghost-{user}")
         run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=90)
-    finally:
-        stop.set()
-        await asyncio.wait_for(worker, timeout=60)
     assert state_name(run) == "COMPLETED", run.state
     assert sandbox_stats(sandbox_url)["per_token"].get(f"tok-{user}") == 1
 
