@@ -11,9 +11,10 @@ upkeep's looks (the cancel watch, the dead-run sweep) a run's event starts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -22,7 +23,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.events.schemas.events import Event
 from prefect.workers.base import BaseWorker
 
-from campaign_trigger.deployments import upkeep
+from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.deployments.catalog import DELIVERY_POOL
 from campaign_trigger.deployments.wakeup import dispatch, queue_of
 from campaign_trigger.deployments.worker import KEEP_READY_SECONDS, DeliveryWorker
@@ -250,6 +251,36 @@ def test_a_run_cancelling_or_marked_dead_starts_the_cancel_watch_or_the_sweep() 
     ):
         dispatch(event, served, sweeps)
     assert (sweeps.cancelling.is_set(), sweeps.dead.is_set(), woken) == (False, False, [worker])
+
+
+async def test_each_subscription_wakes_every_queue_and_a_lost_stream_means_the_idle_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subscription wakes both queues (runs scheduled while there was none), marks them
+    streamed (no idle polls), and a lost stream marks them not (idle polls again)."""
+    workers = [DeliveryWorker(concurrency=1, queue=queue) for queue in ("default", "chunks")]
+    woken: list[tuple[str, bool]] = []
+    for worker in workers:
+        monkeypatch.setattr(worker, "wake", lambda w=worker: woken.append((w.queue, w.events_up)))
+    stop, subscriptions = asyncio.Event(), list[dict[str, object]]()
+
+    async def events() -> AsyncIterator[Event]:
+        yield _scheduled(DELIVERY_POOL, "default")
+        if len(subscriptions) == 2:
+            stop.set()
+        raise ConnectionError("the server restarted")
+
+    @contextlib.asynccontextmanager
+    async def subscriber(**options: object) -> AsyncIterator[AsyncIterator[Event]]:
+        subscriptions.append(options)
+        yield events()
+
+    monkeypatch.setattr(wakeup, "get_events_subscriber", subscriber)
+    monkeypatch.setattr(wakeup, "RESUBSCRIBE_SECONDS", 0.01)
+    await asyncio.wait_for(wakeup.wake_on_events(workers, upkeep.Sweeps(), stop), timeout=5)
+    each_subscription = [("default", True), ("chunks", True), ("default", True)]
+    assert woken == each_subscription * 2  # both queues, then the event's queue
+    assert [worker.events_up for worker in workers] == [False, False]
 
 
 async def test_a_sweep_looks_at_once_then_when_woken_not_only_at_its_pace(
