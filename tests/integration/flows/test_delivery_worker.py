@@ -143,7 +143,9 @@ async def test_an_idle_worker_asks_the_server_nothing_and_claims_a_run_scheduled
     print(f"\nstarted {late:.2f} s after its time; the worker asked the server:")
     for queue, what, when in asked:
         print(f"  {queue:8} {what} {(when - send_at).total_seconds():+.2f} s")
-    assert 0 <= late < 1.5
+    # A loaded machine's margin; without the look-ahead it would wait for its Late event
+    # (15 s after its time) or the 30 s poll.
+    assert 0 <= late < 3
     claims = [when for queue, what, when in asked if (queue, what) == ("default", "poll")]
     assert any(send_at - timedelta(seconds=2.5) < when <= send_at for when in claims)
     assert len(claims) <= 4  # its event's, the due one's, keep-ready's at most; not 20
