@@ -135,9 +135,13 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.events_up = False
         # The earliest run still scheduled in the queue (None: none), as last looked up;
         # unknown again after each event (a run scheduled maybe ahead) and each due poll.
+        # An event is looked after twice, the second time at the idle tick after the
+        # first: it can reach the worker before the server answers with its run.
         self._due: datetime | None = None
-        self._due_known, self._wakes = False, 0
+        self._due_known, self._wakes, self._looks_owed = False, 0, 0
         self._polled_window = datetime.min.replace(tzinfo=UTC)  # what the last poll asked for
+        self._poll_lock, self._claims_settled, self._claiming = asyncio.Lock(), asyncio.Event(), 0
+        self._claims_settled.set()
 
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
@@ -154,7 +158,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         Polling at once saves a send-now request the wait for the next tick (up to
         ``poll_seconds`` times Prefect's jitter). Wakes poll at most every ``wake_gap``:
         a busy worker, woken by every request, polls no more often than its ticks would."""
-        self._woken, self._due_known = True, False
+        self._woken, self._due_known, self._looks_owed = True, False, 2
         self._wakes += 1
         if self._runs_task_group is not None and not self._wake_poll_due:
             self._wake_poll_due = True
@@ -180,7 +184,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         scheduled ahead comes within the prefetch. At every ``idle_poll_factor``-th tick
         whose last poll (a wake's, a share's hand-on) is at least ``wake_gap`` old:
         without an event stream ``"poll"`` (runs coming due, events missed); with it,
-        ``"look"`` if an event or a due poll left the earliest run unknown, ``"poll,
+        ``"look"`` if an event (twice) or a due poll left the earliest run unknown, ``"poll,
         look"`` if the earliest is left due (a paused pool, a concurrency limit: nothing
         says when the server would hand it out), else nothing: between events an idle
         worker asks the server nothing. And ``"poll"`` at least every
@@ -200,16 +204,18 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             return None
         if not self.events_up:
             return "poll"
-        if not self._due_known:
+        if not self._due_known or self._looks_owed:
             return "look"
         return "poll, look" if self._left_due() else None
 
     def _comes_due(self) -> bool:
         """Whether the earliest run, known from a look and scheduled after the last poll's
         window, is now within the prefetch (the next poll's window)."""
-        if not self.events_up or self._left_due() or not self._due_known or self._due is None:
-            return False
-        return self._due <= self._window()
+        return self.events_up and not self._left_due() and self._due_now()
+
+    def _due_now(self) -> bool:
+        """Whether the earliest run, known from a look, is within the next poll's window."""
+        return self._due_known and self._due is not None and self._due <= self._window()
 
     def _left_due(self) -> bool:
         """Whether the earliest run, known from a look, was within the last poll's window
@@ -244,18 +250,19 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             return
         if wakes == self._wakes:
             self._due = runs[0].next_scheduled_start_time if runs else None
-            self._due_known = True
+            self._due_known, self._looks_owed = True, max(0, self._looks_owed - 1)
 
     def _slot_free(self) -> bool:
         return self._limiter is None or self._limiter.available_tokens >= 1
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
         """A tick of Prefect's polling loop: :meth:`next_step`'s. A look that finds the
-        earliest run within the prefetch polls at once, then looks for the next."""
+        earliest run within the prefetch polls at once (one scheduled ahead, or one whose
+        event came before the server answered with it), then looks for the next."""
         step = self.next_step()
         if step == "look":
             await self._look_ahead()
-            step = "poll, look" if self._comes_due() else None
+            step = "poll, look" if self._due_now() else None
         if step is None:
             return []
         runs = await self._poll()
@@ -265,9 +272,21 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return runs
 
     async def _poll(self) -> list[FlowRun]:
-        self._polled, self._woken = time.monotonic(), False  # a wake from now on: poll again
-        self._polled_window = self._window()
-        return await super().get_and_submit_flow_runs()
+        """Poll the pool and start claiming what it hands out. One poll at a time, and
+        not before the runs the last one handed out are claimed: the server counts a run
+        against a pool or queue concurrency limit once it is Pending, so a poll while a
+        claim is still on its way would be handed a run the limit has no room for."""
+        async with self._poll_lock:
+            await self._claims_settled.wait()
+            self._polled, self._woken = time.monotonic(), False  # a wake from now: again
+            self._polled_window = self._window()
+            submitting = set(self._submitting_flow_run_ids)
+            runs = await super().get_and_submit_flow_runs()
+            claims = len(self._submitting_flow_run_ids - submitting)  # each a _submit_run
+            if claims:
+                self._claiming += claims
+                self._claims_settled.clear()
+            return runs
 
     async def _poll_now(self) -> None:
         """Poll now, off the ticks, if a slot is free."""
@@ -286,7 +305,12 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
 
     async def _submit_run(self, flow_run: FlowRun) -> None:  # type: ignore[override]
         """A due run Prefect handed out (its slot taken): claim it and execute it."""
-        await self._claim_and_start(flow_run)
+        try:
+            await self._claim_and_start(flow_run)
+        finally:
+            self._claiming -= 1
+            if not self._claiming:
+                self._claims_settled.set()
 
     async def take_over(self, flow_run: FlowRun) -> bool:
         """Claim a run Prefect marked dead (Crashed) and execute it, if a slot is free.

@@ -128,7 +128,7 @@ async def test_an_idle_worker_asks_the_server_nothing_and_claims_a_run_scheduled
     user = f"ahead-{uuid.uuid4().hex[:6]}"
     add_devices([DeviceSpec(tenant.android, f"d-{user}", user, f"tok-{user}")])
     async with worker_on_events_only(monkeypatch, poll_seconds=0.3):  # no sweep's own look
-        await asyncio.sleep(3)  # the subscription's wake: a poll, then a look, of each queue
+        await asyncio.sleep(5)  # the subscription's wake: a poll, then two looks, a queue
         asked.clear()
         await asyncio.sleep(6)  # ~15 ticks of each queue
         assert asked == []

@@ -194,15 +194,62 @@ async def test_an_event_makes_the_earliest_run_unknown_even_during_a_look(
     server = _Server(due=None)
     worker = _streamed(server, monkeypatch)
     assert await _ticks_asked(worker, server, 4) == [[], [], [], ["look"]]
-    worker.wake()  # a run scheduled: maybe ahead
-    assert await _ticks_asked(worker, server, 4) == [["poll"], [], [], ["look"]]
+    worker.wake()  # a run scheduled: maybe ahead; looked for twice, at two idle ticks
+    looked_twice = [["poll"], [], [], ["look"], [], [], [], ["look"], [], [], [], []]
+    assert await _ticks_asked(worker, server, 12) == looked_twice
     worker.wake()
     server.meanwhile = worker.wake  # a run scheduled while the server answers the look
     assert await _ticks_asked(worker, server, 4) == [["poll"], [], [], ["look"]]
     assert not worker._due_known  # the answer may predate that run: polled, looked again
     server.meanwhile = lambda: None
-    assert await _ticks_asked(worker, server, 4) == [["poll"], [], [], ["look"]]
+    assert await _ticks_asked(worker, server, 12) == looked_twice
     assert worker._due_known
+
+
+async def test_a_run_an_event_announced_before_the_server_shows_it_is_polled_for_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _Server(due=None)
+    worker = _streamed(server, monkeypatch)
+    worker.wake()
+    assert await _ticks_asked(worker, server, 1) == [["poll"]]  # the server shows no run yet
+    server.due = datetime.now(UTC) - timedelta(seconds=0.5)  # now it does: due
+    asked = await _ticks_asked(worker, server, 4)  # at the next idle tick
+    assert [step for step in asked if step] == [["look", "poll", "look"]]
+    assert server.due is None  # handed out
+
+
+async def test_a_poll_waits_until_the_runs_the_last_one_was_handed_are_claimed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server counts a run against a concurrency limit once it is Pending: a poll while
+    # a claim is on its way was handed a second run under a limit of one.
+    worker = _polled_a_tick_ago(slots=2)
+    claimed, polls = asyncio.Event(), []
+
+    async def claim_and_start(flow_run: FlowRun) -> bool:
+        await claimed.wait()
+        return True
+
+    monkeypatch.setattr(worker, "_claim_and_start", claim_and_start)
+    async with anyio.create_task_group() as group:
+        worker._runs_task_group = group
+
+        async def poll(self: DeliveryWorker) -> list[FlowRun]:
+            polls.append(time.monotonic())
+            run = FlowRun(flow_id=uuid.uuid4())
+            self._submitting_flow_run_ids.add(run.id)  # as Prefect's submission does
+            group.start_soon(self._submit_run, run)
+            return [run]
+
+        monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+        await worker._poll()
+        second = asyncio.create_task(worker._poll())  # a wake's, beside a tick's
+        await asyncio.sleep(0.2)
+        assert len(polls) == 1  # the first run's claim is on its way
+        claimed.set()
+        await asyncio.wait_for(second, timeout=5)
+        assert len(polls) == 2
 
 
 def _scheduled(pool: str, queue: str, *, state: str = "Scheduled") -> Event:
