@@ -74,7 +74,7 @@ logger = logging.getLogger("campaign_trigger.deployments.worker")
 # While the worker has no event stream a queue is polled every IDLE_POLL_FACTOR[queue]-th
 # tick: runs scheduled ahead come due there (the prefetch covers that interval), and runs
 # whose event was missed. With the stream up those ticks look up the earliest run still
-# scheduled in the queue instead, once after each event (DeliveryWorker.next_step).
+# scheduled in the queue instead, after each event (DeliveryWorker.next_step).
 IDLE_POLL_FACTOR = {"default": 2, "chunks": 4}
 TICK_JITTER = 1.3  # Prefect's polling loop spaces ticks up to 1.3x poll_seconds apart
 KEEP_READY_SECONDS = 30.0
