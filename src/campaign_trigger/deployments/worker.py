@@ -81,6 +81,14 @@ KEEP_READY_SECONDS = 30.0
 # What a tick does: poll the pool for due runs; poll, then look up the earliest run still
 # scheduled in the queue; look it up (and poll at once if it is within the prefetch).
 Step = Literal["poll", "poll, look", "look"]
+# Prefect's server holds a run's Running state until its scheduled time, the wait rounded
+# to whole seconds (WaitForScheduledTime): a run claimed within the prefetch and started
+# at once was told to wait 1 or 2 s, and started up to half a second before or after its
+# time. With less than half a second to go the server lets it run at once: a run
+# scheduled ahead is started this long before its time, so that its request prepares
+# (audience, rendering, connections) before the bell and its chunks send at it (never
+# before: delivering.sleep_until).
+START_AHEAD_SECONDS = 0.4
 
 
 def new_worker_name() -> str:
@@ -426,6 +434,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             with logs.about_request(flow_run.parameters.get("request_id")):
                 flow = await self._flow_of(flow_run)
                 self.running[flow_run.id] = (flow_run, flow.name)
+                await until_start(flow_run)
                 state = await run_flow_async(
                     flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state"
                 )
@@ -452,6 +461,15 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         if task is not None:
             task.cancel()
         return task
+
+
+async def until_start(flow_run: FlowRun) -> None:
+    """Sleep until ``START_AHEAD_SECONDS`` before the run's scheduled time, as it was when
+    the run was handed out (Prefect sets it while a run is scheduled: none for a run taken
+    over)."""
+    when = flow_run.next_scheduled_start_time
+    if when is not None:
+        await asyncio.sleep(max(0.0, when.timestamp() - time.time() - START_AHEAD_SECONDS))
 
 
 def engine_settings(poll_seconds: float) -> dict[Setting, Any]:
