@@ -276,6 +276,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         runs = await self._poll()
         if step == "poll, look":
             self._due_known = False
+            await self._claims_settled.wait()  # else it finds the runs just handed out
             await self._look_ahead()
         return runs
 

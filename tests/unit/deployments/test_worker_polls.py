@@ -4,9 +4,10 @@ stream every ``idle_poll_factor``-th tick else (a share running or being made in
 process included: the shares' own events start them); with the stream up, at those
 ticks, a look-up of the earliest run scheduled after each event, and a poll as that run
 comes within the prefetch or while it is left due; never while every slot is taken, and
-at least every ``KEEP_READY_SECONDS`` whatever the rest; when a run ends, if a run was
-scheduled while every slot was taken; which queue an event wakes, and which of the
-upkeep's looks (the cancel watch, the dead-run sweep) a run's event starts."""
+at least every ``KEEP_READY_SECONDS`` whatever the rest; a look after a poll once its
+runs are claimed; when a run ends, if a run was scheduled while every slot was taken;
+which queue an event wakes, and which of the upkeep's looks (the cancel watch, the
+dead-run sweep) a run's event starts."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import anyio
+import anyio.abc
 import pytest
 from prefect.client.schemas.objects import FlowRun
 from prefect.events.schemas.events import Event
@@ -250,6 +252,52 @@ async def test_a_poll_waits_until_the_runs_the_last_one_was_handed_are_claimed(
         claimed.set()
         await asyncio.wait_for(second, timeout=5)
         assert len(polls) == 2
+
+
+def _handing_out(
+    worker: DeliveryWorker,
+    group: anyio.abc.TaskGroup,
+    monkeypatch: pytest.MonkeyPatch,
+    claimed: Callable[[], Awaitable[object]],
+) -> list[float]:
+    """Each poll of ``worker`` hands out a run, claimed once ``claimed`` returns (as
+    Prefect's submission does); the times of the polls."""
+    polls: list[float] = []
+
+    async def claim_and_start(flow_run: FlowRun) -> bool:
+        await claimed()
+        return True
+
+    async def poll(self: DeliveryWorker) -> list[FlowRun]:
+        polls.append(time.monotonic())
+        run = FlowRun(flow_id=uuid.uuid4())
+        self._submitting_flow_run_ids.add(run.id)
+        group.start_soon(self._submit_run, run)
+        return [run]
+
+    worker._runs_task_group = group
+    monkeypatch.setattr(worker, "_claim_and_start", claim_and_start)
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    return polls
+
+
+async def test_the_look_after_a_due_poll_waits_for_its_claims(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Else the look finds the run just handed out still scheduled: left due, it is polled
+    # for again at the idle pace.
+    server = _Server(due=datetime.now(UTC))
+    worker = _streamed(server, monkeypatch)
+
+    async def claimed() -> None:
+        await asyncio.sleep(0.05)  # the claim's round trip
+        server.due = None
+
+    async with anyio.create_task_group() as group:
+        polls = _handing_out(worker, group, monkeypatch, claimed)
+        asked = await _ticks_asked(worker, server, 12)
+    assert [step for step in asked if step] == [["look", "look"]]  # the poll between
+    assert len(polls) == 1
 
 
 def _scheduled(pool: str, queue: str, *, state: str = "Scheduled") -> Event:
