@@ -179,7 +179,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             # again): a wake that did not poll must not hold the next one back.
             if self._woken and self._slot_free():
                 self._wake_polled = time.monotonic()
-                await self._poll_now()
+                await self._poll_now(woken=True)
         finally:
             self._wake_poll_due = False
 
@@ -280,13 +280,16 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             await self._look_ahead()
         return runs
 
-    async def _poll(self) -> list[FlowRun]:
+    async def _poll(self, *, woken: bool = False) -> list[FlowRun]:
         """Poll the pool and start claiming what it hands out. One poll at a time, and
         not before the runs the last one handed out are claimed: the server counts a run
         against a pool or queue concurrency limit once it is Pending, so a poll while a
-        claim is still on its way would be handed a run the limit has no room for."""
+        claim is still on its way would be handed a run the limit has no room for.
+        ``woken``: a wake's poll, not made if a poll since the wake went first."""
         async with self._poll_lock:
             await self._claims_settled.wait()
+            if woken and not self._woken:
+                return []
             self._polled, self._woken = time.monotonic(), False  # a wake from now: again
             self._polled_window = self._window()
             submitting = set(self._submitting_flow_run_ids)
@@ -297,12 +300,12 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
                 self._claims_settled.clear()
             return runs
 
-    async def _poll_now(self) -> None:
-        """Poll now, off the ticks, if a slot is free."""
+    async def _poll_now(self, *, woken: bool = False) -> None:
+        """Poll now, off the ticks, if a slot is free (``woken``: see :meth:`_poll`)."""
         if not self._slot_free():
             return
         try:
-            await self._poll()
+            await self._poll(woken=woken)
         except Exception as exc:  # the polling loop tries again on its own
             logger.warning("poll of the %s queue failed: %r", self.queue, exc)
 

@@ -5,9 +5,10 @@ process included: the shares' own events start them); with the stream up, at tho
 ticks, a look-up of the earliest run scheduled after each event, and a poll as that run
 comes within the prefetch or while it is left due; never while every slot is taken, and
 at least every ``KEEP_READY_SECONDS`` whatever the rest; a look after a poll once its
-runs are claimed; when a run ends, if a run was scheduled while every slot was taken;
-which queue an event wakes, and which of the upkeep's looks (the cancel watch, the
-dead-run sweep) a run's event starts."""
+runs are claimed, and a wake's poll not when a poll since the wake went first; when a
+run ends, if a run was scheduled while every slot was taken; which queue an event wakes,
+and which of the upkeep's looks (the cancel watch, the dead-run sweep) a run's event
+starts."""
 
 from __future__ import annotations
 
@@ -298,6 +299,25 @@ async def test_the_look_after_a_due_poll_waits_for_its_claims(
         asked = await _ticks_asked(worker, server, 12)
     assert [step for step in asked if step] == [["look", "look"]]  # the poll between
     assert len(polls) == 1
+
+
+async def test_a_wakes_poll_is_not_made_when_a_poll_since_the_wake_went_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = _polled_a_tick_ago(slots=2)
+    worker.wake_gap = 0.0
+    claimed = asyncio.Event()
+    async with anyio.create_task_group() as group:
+        polls = _handing_out(worker, group, monkeypatch, claimed.wait)
+        await worker._poll()  # its run's claim on its way
+        tick = asyncio.create_task(worker._poll())  # waits for that claim
+        await asyncio.sleep(0.1)
+        worker.wake()  # a run scheduled: the tick's poll, still to come, will find it
+        await asyncio.sleep(0.1)
+        claimed.set()
+        await asyncio.wait_for(tick, timeout=5)
+        await asyncio.sleep(0.2)
+    assert len(polls) == 2  # the first, the tick's; the wake's not made
 
 
 def _scheduled(pool: str, queue: str, *, state: str = "Scheduled") -> Event:
