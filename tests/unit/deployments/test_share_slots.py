@@ -88,7 +88,7 @@ async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
     share = uuid.uuid4()
     run_slots(worker).acquire_on_behalf_of_nowait(share)
     worker._polled = time.monotonic()
-    assert worker.next_step() != "poll"  # its only slot is taken
+    assert worker.next_step() is None  # its only slot is taken
     polled = asyncio.Event()
 
     async def poll(self: DeliveryWorker) -> list[object]:
@@ -132,7 +132,7 @@ async def test_a_requests_own_share_holds_a_place_in_the_chunks_queue_until_its_
         worker._runs_task_group = group
         with slots.own_share(request_run):
             async with slots.chunk(request_run, last=False):
-                assert worker.next_step() != "poll"  # its only place is the request's
+                assert worker.next_step() is None  # its only place is the request's
                 assert run_slots(worker).available_tokens == 0
             async with slots.chunk(request_run, last=True):
                 await asyncio.sleep(0.01)

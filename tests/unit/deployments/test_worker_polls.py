@@ -71,7 +71,7 @@ async def test_a_woken_queue_is_polled_at_the_next_tick_with_a_free_slot_then_id
 ) -> None:
     worker = _polled_a_tick_ago(taken=2)
     worker.wake()
-    assert worker.next_step() != "poll"  # every slot taken: it stays woken
+    assert worker.next_step() is None  # every slot taken: it stays woken
     run_slots(worker).release_on_behalf_of(0)
     polled: list[DeliveryWorker] = []
 
