@@ -85,6 +85,13 @@ def _text_column(table: pa.Table, name: str) -> pa.Array | pa.ChunkedArray:
     return column
 
 
+def warm_up() -> None:
+    """Render a row, as a process's first chunk would: pyarrow imports pandas at its first
+    compute call (~1 s of CPU on a 2-core machine), which a worker paid in its first
+    request, sending it up to a second late (docs/benchmarks.md, punctuality)."""
+    render_column("{{ text }}{{ number }}", pa.table({"text": ["a"], "number": [1]}))
+
+
 def render_column(template: str, table: pa.Table) -> list[str]:
     """Render ``template`` for every row of ``table`` (variables as columns)."""
     compiled = compile_template(template)
