@@ -94,6 +94,11 @@ class PushProvider(Protocol):
         message's concurrency slot is given back."""
         ...
 
+    async def prepare(self) -> None:
+        """Ready what a first send would wait for (a credential, a connection), ahead of
+        the send time; never raises: a failure is left to the sends, which report it."""
+        ...
+
     @property
     def auth_failed(self) -> bool:
         """True once the provider refused our credentials (the app is flagged)."""

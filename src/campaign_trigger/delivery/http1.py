@@ -156,6 +156,11 @@ class Http1Pool:
         self.connections_opened += 1
         return connection
 
+    async def warm(self) -> None:
+        """Open a connection now if none is idle: the next request need not wait for one."""
+        if not any(connection.reusable for connection in self._idle):
+            self._idle.append(await self._connect())
+
     async def request(self, request: bytes) -> Http1Response:
         """Send one complete request; raises TransportError or TimeoutError."""
         connection: _Connection | None = None

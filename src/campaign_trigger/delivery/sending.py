@@ -180,6 +180,11 @@ class RetryingSender(ABC):
     async def aclose(self) -> None:
         """Close connections."""
 
+    async def prepare(self) -> None:
+        """Ready what a first send would wait for, ahead of the send time: nothing unless
+        a provider says what (:meth:`FcmProvider.prepare`)."""
+        return None
+
     async def send_many(
         self, messages: Sequence[PushMessage], *, on_result: OnResult | None = None
     ) -> list[PushResult]:

@@ -17,6 +17,7 @@ one session its task hands in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 from collections import Counter
@@ -100,6 +101,16 @@ async def sleep_until(moment: datetime) -> None:
     delay = (moment - datetime.now(UTC)).total_seconds()
     if delay > 0:
         await asyncio.sleep(delay)
+
+
+async def prepare_until(provider: PushProvider, moment: datetime) -> None:
+    """Let the provider ready its first send (:meth:`PushProvider.prepare`: a token, a
+    connection) in the time left before ``moment``, never past it; not at all for a chunk
+    already due (its sends make what they need, as they would have)."""
+    left = (moment - datetime.now(UTC)).total_seconds()
+    if left > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(provider.prepare(), left)
 
 
 def _row(
@@ -204,15 +215,17 @@ async def _send_push(
             app_id=app.app_id,
             platform=app.platform,
         )
-        await sleep_until(job.send_at)  # everything is ready: never send before send_at
         provider_name = metrics.provider_of(app.platform)
         if credentials is None:
+            await sleep_until(job.send_at)
             logger.error("app %s has no usable push credentials: not sent", app.app_id)
             for message in messages:
                 await record(PushResult(message.key, FP_ERR_PUSH_FAILED, None, None))
             metrics.count_messages(provider_name, {FP_ERR_PUSH_FAILED: len(messages)})
             continue
         async with provider_lease(settings, app, credentials, provider_for) as provider:
+            await prepare_until(provider, job.send_at)
+            await sleep_until(job.send_at)  # everything is ready: never send before send_at
             try:
                 results = await provider.send_many(messages, on_result=record)
             except Exception as exc:  # every answer was recorded once send_many returns

@@ -248,6 +248,41 @@ async def test_unreachable_provider_is_retried_then_push_failed(
     assert not provider.auth_failed
 
 
+async def test_a_prepared_provider_sends_with_no_token_or_connection_left_to_make(
+    settings: Settings, sandbox: str
+) -> None:
+    """What a chunk readies before its send time: the access token and a connection."""
+    provider = FcmProvider(fcm_credentials(settings))
+    try:
+        await provider.prepare()
+        assert (provider.tokens.fetches, provider.pool.connections_opened) == (1, 1)
+        [result] = await provider.send_many([message(0, "ok-prepared")])
+        await provider.prepare()  # ready already: nothing more
+    finally:
+        await provider.aclose()
+    assert result.error_message == ""
+    assert (provider.tokens.fetches, provider.pool.connections_opened) == (1, 1)
+
+
+async def test_preparing_a_provider_that_cannot_be_reached_raises_nothing(
+    settings: Settings, sandbox: str, closed_port: int
+) -> None:
+    """The sends try again and report it (``FPErrPushFailed``, the app flagged if its
+    credentials were refused)."""
+    nobody = f"http://127.0.0.1:{closed_port}"
+    for unreachable in (
+        settings.model_copy(update={"fcm_token_uri": f"{nobody}/token"}),
+        settings.model_copy(update={"fcm_base_url": nobody}),
+    ):
+        provider = FcmProvider(fcm_credentials(unreachable))
+        try:
+            await provider.prepare()
+        finally:
+            await provider.aclose()
+        assert provider.pool.connections_opened == 0  # the token, or the connection, failed
+        assert not provider.auth_failed
+
+
 async def test_an_answer_not_recorded_stops_the_other_sends_and_gives_every_slot_back(
     settings: Settings, sandbox: str
 ) -> None:

@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -45,10 +45,15 @@ class FakeProvider:
         self.sent: list[PushMessage] = []
         self.auth_failed = False
         self._refuse = refuse_credentials
+        self.calls: list[tuple[str, datetime]] = []  # prepare, send_many: when
+
+    async def prepare(self) -> None:
+        self.calls.append(("prepare", datetime.now(UTC)))
 
     async def send_many(
         self, messages: Sequence[PushMessage], *, on_result: Any = None
     ) -> list[PushResult]:
+        self.calls.append(("send_many", datetime.now(UTC)))
         results = []
         for message in messages:
             if self._refuse:
@@ -66,6 +71,14 @@ class FakeProvider:
 
     async def aclose(self) -> None:
         return None
+
+
+class SlowToPrepare(FakeProvider):
+    """A provider whose token endpoint or connection takes a minute."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        await asyncio.sleep(60)
 
 
 def _devices(session: Session, org: Org, tokens: dict[str, str]) -> None:
@@ -87,7 +100,14 @@ def _devices(session: Session, org: Org, tokens: dict[str, str]) -> None:
     session.commit()
 
 
-def _request(session: Session, settings: Settings, storage: Storage, org: Org, n: int) -> str:
+def _request(
+    session: Session,
+    settings: Settings,
+    storage: Storage,
+    org: Org,
+    n: int,
+    send_at: datetime | None = None,
+) -> str:
     messages = [
         {"user_id": f"u{i}", "template_variables": {"first_name": f"N{i}", "code": f"C{i}"}}
         for i in range(n)
@@ -98,7 +118,11 @@ def _request(session: Session, settings: Settings, storage: Storage, org: Org, n
         storage=storage,
         org_id=org.org_id,
         request_id=f"r{n}-{org.org_id}",
-        trigger=TriggerInput(campaign_id=org.campaign_id, messages=messages),
+        trigger=TriggerInput(
+            campaign_id=org.campaign_id,
+            messages=messages,
+            send_at=send_at.isoformat() if send_at else None,
+        ),
     )
 
 
@@ -292,6 +316,45 @@ def test_an_unreachable_provider_is_logged_with_its_url_and_the_error(
     assert f"FCM {nobody}" in line
     assert f"token endpoint {nobody}/token unreachable: ConnectError" in line
     assert "(after 2 tries) (2)" in line
+
+
+def test_the_provider_readies_its_first_send_before_the_send_time_and_sends_at_it(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    """A token and a connection made after the bell made the first send of a chunk late
+    by their round trips (a worker's first request to an app, or after a token expired)."""
+    _devices(session, org, {"u0": "t0"})
+    send_at = datetime.now(UTC) + timedelta(seconds=0.5)
+    request_id = _request(session, settings, storage, org, 1, send_at=send_at)
+    provider = FakeProvider()
+    _deliver(session, settings, request_id, _chunk(["u0"]), provider)
+    [(first, prepared), (then, sent)] = provider.calls
+    assert (first, then) == ("prepare", "send_many")
+    assert prepared < send_at <= sent
+
+
+def test_a_slow_preparation_is_cut_at_the_send_time(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    _devices(session, org, {"u0": "t0"})
+    send_at = datetime.now(UTC) + timedelta(seconds=0.3)
+    request_id = _request(session, settings, storage, org, 1, send_at=send_at)
+    provider = SlowToPrepare()
+    _deliver(session, settings, request_id, _chunk(["u0"]), provider)
+    [(first, _), (then, sent)] = provider.calls
+    assert (first, then) == ("prepare", "send_many")
+    assert provider.sent
+    assert (sent - send_at).total_seconds() < 10  # not after the 60 s of its preparation
+
+
+def test_a_chunk_already_due_sends_without_preparing(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    _devices(session, org, {"u0": "t0"})
+    request_id = _request(session, settings, storage, org, 1)  # now
+    provider = FakeProvider()
+    _deliver(session, settings, request_id, _chunk(["u0"]), provider)
+    assert [call for call, _ in provider.calls] == ["send_many"]
 
 
 def test_the_apps_of_a_campaign_are_its_targets(session: Session, org: Org) -> None:
