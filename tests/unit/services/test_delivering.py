@@ -152,6 +152,20 @@ def _deliver(
     )
 
 
+def _deliver_ahead(
+    session: Session, settings: Settings, storage: Storage, org: Org, provider: FakeProvider
+) -> tuple[datetime, datetime, datetime]:
+    """Deliver a one-message request due in half a second: its send time, when
+    ``provider`` was prepared, when it sent."""
+    _devices(session, org, {"u0": "t0"})
+    send_at = datetime.now(UTC) + timedelta(seconds=0.5)
+    request_id = _request(session, settings, storage, org, 1, send_at=send_at)
+    _deliver(session, settings, request_id, _chunk(["u0"]), provider)
+    [(first, prepared), (then, sent)] = provider.calls
+    assert (first, then) == ("prepare", "send_many")
+    return send_at, prepared, sent
+
+
 def _outcomes(session: Session, request_id: str) -> dict[str, str]:
     rows = session.exec(select(Outcome).where(col(Outcome.request_id) == request_id)).all()
     return {row.user_id: row.error_message for row in rows}
@@ -323,26 +337,15 @@ def test_the_provider_readies_its_first_send_before_the_send_time_and_sends_at_i
 ) -> None:
     """A token and a connection made after the bell made the first send of a chunk late
     by their round trips (a worker's first request to an app, or after a token expired)."""
-    _devices(session, org, {"u0": "t0"})
-    send_at = datetime.now(UTC) + timedelta(seconds=0.5)
-    request_id = _request(session, settings, storage, org, 1, send_at=send_at)
-    provider = FakeProvider()
-    _deliver(session, settings, request_id, _chunk(["u0"]), provider)
-    [(first, prepared), (then, sent)] = provider.calls
-    assert (first, then) == ("prepare", "send_many")
+    send_at, prepared, sent = _deliver_ahead(session, settings, storage, org, FakeProvider())
     assert prepared < send_at <= sent
 
 
 def test_a_slow_preparation_is_cut_at_the_send_time(
     session: Session, settings: Settings, storage: Storage, org: Org
 ) -> None:
-    _devices(session, org, {"u0": "t0"})
-    send_at = datetime.now(UTC) + timedelta(seconds=0.3)
-    request_id = _request(session, settings, storage, org, 1, send_at=send_at)
     provider = SlowToPrepare()
-    _deliver(session, settings, request_id, _chunk(["u0"]), provider)
-    [(first, _), (then, sent)] = provider.calls
-    assert (first, then) == ("prepare", "send_many")
+    send_at, _, sent = _deliver_ahead(session, settings, storage, org, provider)
     assert provider.sent
     assert (sent - send_at).total_seconds() < 10  # not after the 60 s of its preparation
 
