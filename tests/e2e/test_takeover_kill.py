@@ -1,6 +1,11 @@
-"""End to end: a worker SIGKILLed mid-chunk, its request taken over by another worker."""
+"""End to end: a worker SIGKILLed mid-chunk (or with a run started ahead of its time), its
+request taken over by another worker."""
 
 from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from prefect import get_client
@@ -12,9 +17,17 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun
 
 from campaign_trigger.services import prefect_runs
+from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.models import Platform
 from delivery_support import (
+    DeviceSpec,
+    add_devices,
+    add_request,
+    read_report,
+    read_run,
+    seed_tenant,
     state_name,
+    wait_for_state,
 )
 from e2e.conftest import Sandbox, WorkerFactory
 from e2e.takeover_support import (
@@ -176,3 +189,37 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
     shares = await _shares(killed.request_id)
     assert [s.parameters["chunk_nos"] for s in shares] == [[SHARE_COUNT - 1]]
     assert {state_name(s) for s in shares} == {"COMPLETED"}
+
+
+async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothing(
+    start_worker: WorkerFactory, sandbox: Sandbox
+) -> None:
+    """A run scheduled ahead starts 0.4 s before its time, and its chunk readies itself
+    (audience, rendering, the provider's token and connection) then waits for the bell.
+    SIGKILLed in that window, the worker sent nothing; another worker takes the run over
+    and each device gets the message once."""
+    worker = start_worker()
+    tenant = seed_tenant()
+    prefix = f"ahead-{uuid.uuid4().hex[:6]}"
+    users = [f"{prefix}-u{n}" for n in range(50)]
+    tokens = [f"{user}-tok" for user in users]
+    add_devices(
+        [DeviceSpec(tenant.android, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)]
+    )
+    send_at = datetime.now(UTC) + timedelta(seconds=8)
+    request_id = add_request(tenant, users, send_at=send_at)
+    notify_new_request(request_id)
+    while state_name(await read_run(request_id)) != "RUNNING":
+        assert datetime.now(UTC) < send_at, f"not started before its time:\n{worker.log_tail()}"
+        await asyncio.sleep(0.01)
+    worker.kill()
+    assert datetime.now(UTC) < send_at  # killed before the bell, its run started
+    await asyncio.sleep((send_at - datetime.now(UTC)).total_seconds() + 2)
+    assert set(sandbox.delivered(tokens).values()) == {0}  # nothing went
+    start_worker()
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=240)
+    assert state_name(run) == "COMPLETED", run.state if run else None
+    assert set(sandbox.delivered(tokens).values()) == {1}  # each device once
+    report = read_report(request_id)[tenant.android]
+    assert sorted(r["user_id"] for r in report) == sorted(users)
+    assert all(datetime.fromisoformat(r["sent_at"]) >= send_at for r in report)
