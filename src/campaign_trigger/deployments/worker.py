@@ -69,6 +69,7 @@ from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
 from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
 from campaign_trigger.flows import fan_out
 from campaign_trigger.services import prefect_runs, render
+from campaign_trigger.services.delivering import sleep_until
 
 logger = logging.getLogger("campaign_trigger.deployments.worker")
 # While the worker has no event stream a queue is polled every IDLE_POLL_FACTOR[queue]-th
@@ -473,7 +474,7 @@ async def until_start(flow_run: FlowRun) -> None:
     over)."""
     when = flow_run.next_scheduled_start_time
     if when is not None:
-        await asyncio.sleep(max(0.0, when.timestamp() - time.time() - START_AHEAD_SECONDS))
+        await sleep_until(when - timedelta(seconds=START_AHEAD_SECONDS))
 
 
 def engine_settings(poll_seconds: float) -> dict[Setting, Any]:
