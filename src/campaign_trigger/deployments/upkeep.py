@@ -2,7 +2,8 @@
 
 * the outbox reconciler (``services.scheduling.run_reconciler``);
 * the completion webhooks' sender (``services.webhook_sender.run_sender``);
-* stopping a run of this worker cancelled while running (the UI's Cancel: Cancelling);
+* stopping a run of this worker cancelled while running, or while it waits for its time
+  (the UI's Cancel: Cancelling);
 * taking over the runs of dead workers. Liveness is Prefect's: every run sends
   flow-run heartbeats, and the automation ``register.ZOMBIE_AUTOMATION`` marks a run
   Crashed, named ``prefect_runs.DEAD_RUN_STATE_NAME``, when they stop. A worker with a
@@ -143,7 +144,8 @@ async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asy
 
 
 async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClient) -> None:
-    """Runs of this worker set Cancelling (the UI's Cancel on a started run): stop them.
+    """Runs of this worker set Cancelling (the UI's Cancel on a started run, or on one
+    waiting for its time, ``worker.until_start``): stop them.
 
     The messages in flight are abandoned (their outcomes are not recorded); the run ends
     Cancelled and the request is mirrored as canceled.
@@ -160,9 +162,11 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
         if not tasks:
             continue
-        logger.warning("run %s was cancelled while running: stopping it", run.id)
+        # A run claimed ahead of its time waits for it in its worker, not yet Running.
+        when = "while running" if run.start_time is not None else "before its start"
+        logger.warning("run %s was cancelled %s: stopping it", run.id, when)
         await asyncio.gather(tasks[0], return_exceptions=True)
-        await finish_cancel(client, run, message="Cancelled while running")
+        await finish_cancel(client, run, message=f"Cancelled {when}")
 
 
 async def _claimer(client: PrefectClient, run: FlowRun) -> str | None:

@@ -529,5 +529,48 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
 
 
+async def test_a_run_cancelled_in_the_ui_while_its_worker_waits_for_its_time_sends_nothing(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker claims a run scheduled ahead within its prefetch and holds it, Pending,
+    until just before its time (``worker.until_start``): a cancel in the UI meanwhile
+    stops that wait, the run ends Cancelled without ever Running, and nothing goes out
+    at its time."""
+    subscribed = sweeps_on_events_only(monkeypatch)
+    tenant = tenant_with_webhook()
+    audience = bulk_audience(tenant, users=3, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    assert audience.devices
+    stop = asyncio.Event()
+    worker = asyncio.create_task(  # claims up to 10 s ahead: a wait long enough to hit
+        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, prefetch_seconds=10)
+    )
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        send_at = later(8)
+        request_id = add_request(tenant, audience.users, send_at=send_at)
+        await drain()
+        run = await wait_for_state(request_id, "PENDING", timeout=6)  # claimed, waiting
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling())
+        run = await wait_for_state(request_id, "CANCELLED", timeout=5)
+        assert datetime.now(UTC) < send_at  # stopped while it waited
+        await asyncio.sleep((send_at - datetime.now(UTC)).total_seconds() + 1.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, timeout=60)
+    async with get_client() as client:
+        states = [state.type for state in await client.read_flow_run_states(run.id)]
+    assert StateType.RUNNING not in states
+    assert run.state is not None
+    assert run.state.message == "Cancelled before its start"
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert sum(per_token.get(device.token, 0) for device in audience.devices) == 0
+    assert load_request(request_id).state == RequestState.canceled
+    assert queued_events(request_id) == ["request.cancelled"]
+    with pytest.raises(RequestStateError, match="Request already canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
 def _no_event_stream(**kwargs: object) -> contextlib.AbstractAsyncContextManager[object]:
     raise OSError("no event stream")
