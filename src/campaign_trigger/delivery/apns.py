@@ -9,6 +9,9 @@ second message) and ``apns-collapse-id`` (the message's identity on the device).
 The JWT is reused for ``jwt_reuse_seconds``; on ``ExpiredProviderToken`` a new one is
 minted and the message re-sent once.
 
+Before a chunk's send time the provider signs its token and opens its connection
+(:meth:`ApnsProvider.prepare`).
+
 The HTTP/2 transport is libcurl's (``curl_h2.CurlPool``: nghttp2 and OpenSSL in C);
 ``http2="h2"`` selects the earlier pure-Python client (``h2client.H2Pool``), also the
 fallback when pycurl's libcurl was built without HTTP/2. Both keep GOAWAY semantics
@@ -18,6 +21,7 @@ fallback when pycurl's libcurl was built without HTTP/2. Both keep GOAWAY semant
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import uuid
@@ -41,6 +45,8 @@ from campaign_trigger.store.models import Platform
 DEFAULT_EXPIRATION_SECONDS: Final = 24 * 3600
 _PLAIN_TOKEN: Final = re.compile(rb"[A-Za-z0-9_.~-]+")  # nothing to percent-encode
 STREAMS_PER_CONNECTION: Final = 100
+
+logger = logging.getLogger(__name__)
 
 
 class ApnsProvider(RetryingSender):
@@ -93,6 +99,17 @@ class ApnsProvider(RetryingSender):
         self._auth_token = ""
         self._expires_key = (0, 0)
         self._expires_value = b""
+
+    async def prepare(self) -> None:
+        """The provider token (signed here) and a connection to APNs, its stream limit
+        known: what a first send would wait for after the send time (a TLS handshake and
+        a round trip to Apple). A failure is left to the sends, which try again and
+        report it."""
+        try:
+            self.tokens.get()
+            await self.pool.warm()
+        except Exception as exc:  # a key that does not sign, APNs down: the sends tell
+            logger.debug("APNs at %s not prepared: %r", self.endpoint, exc)
 
     def _build(self, message: PushMessage) -> bytes:
         return apns_body(message)

@@ -265,6 +265,16 @@ class CurlPool:
             return
         self._add(path, headers, body, done, tag)
 
+    async def warm(self) -> None:
+        """Open a connection and learn the server's stream limit now, unless a request did:
+        the first request after this one need neither wait for them nor go alone. libcurl
+        opens no connection it would reuse without a request (one a pre-request callback
+        aborts is closed), so this is one: ``POST /`` with an empty body, which names no
+        device and which APNs answers 404 ``BadPath``. Raises as :meth:`request`."""
+        if self._warm or self._probing:
+            return
+        await self.request(b"/", [b"content-type:", b"accept:"], b"")
+
     def _warmed(self, first: tuple[Any, Any], outcome: CurlResponse | Exception) -> None:
         self._warm = True
         held, self._held = self._held, []

@@ -337,6 +337,11 @@ class H2Pool:
             self._free.clear()
             await self._free.wait()
 
+    async def warm(self) -> None:
+        """Open a connection now (its settings received) unless one has room: the next
+        request need not wait for it. Raises TransportError."""
+        await self._connection()
+
     async def request(self, path: bytes, headers: Headers, body: bytes) -> H2Response:
         """POST ``body`` to ``path``; raises TransportError, NotProcessed or TimeoutError."""
         connection = await self._connection()
