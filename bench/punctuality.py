@@ -8,7 +8,10 @@ every 0.3 s, plus 10 send-now requests; then prints, per kind, the p50 / p95 / m
 and the earliest start, for
 
 * ``flow start``: the flow run's start time in Prefect (Running) - ``send_at``;
-* ``first send``: the provider's acceptance time (report ``sent_at``) - ``send_at``.
+* ``first send``: the provider's acceptance time (report ``sent_at``) - ``send_at``;
+
+and the p50 / p95 of each stage of a send-now request (``STAGES``), from its run's
+records.
 
 The flow sleeps until ``send_at`` if it starts early, so ``first send`` is never
 negative. Target (DESIGN §6): scheduled p95 <= 1 s, send-now <= 3 s.
@@ -32,6 +35,10 @@ from harness import free_port, private_stack, result, stop_process
 
 TARGET_SCHEDULED = 1.0  # DESIGN §6: scheduled p95 <= 1 s after send_at
 TARGET_NOW = 3.0  # send-now within 3 s
+# A send-now request's path, each stage ending at: its run created in Prefect, claimed
+# by the worker (Pending), started (Running), its task runs' starts and ends (``prepare
+# delivery``; ``deliver chunk 1/1`` started), the message accepted by the provider.
+STAGES = ("created", "claimed", "started", "to prepare", "prepare", "to chunk", "sent")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -94,6 +101,7 @@ def main() -> None:
 
 async def measure(scheduled: int, now: int, stagger: float, lead: float) -> None:
     from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from sqlalchemy import insert, select
 
     from campaign_trigger.config import get_settings
@@ -222,6 +230,9 @@ async def measure(scheduled: int, now: int, stagger: float, lead: float) -> None
         await asyncio.sleep(0.5)
     flow_lag: dict[str, list[float]] = {"scheduled": [], "send-now": []}
     send_lag: dict[str, list[float]] = {"scheduled": [], "send-now": []}
+    # Where a send-now request's time goes, from its records: send_at (the request made)
+    # -> its run created -> claimed (Pending) -> Running -> the provider's acceptance.
+    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
     async with get_client() as client:
         for request_id, send_at, flow_run_id, sent_at in rows:
             run = await client.read_flow_run(uuid.UUID(flow_run_id))
@@ -230,6 +241,28 @@ async def measure(scheduled: int, now: int, stagger: float, lead: float) -> None
                 flow_lag[kind].append((run.start_time - send_at).total_seconds())
             if sent_at is not None:
                 send_lag[kind].append((sent_at - send_at).total_seconds())
+            if kind == "send-now" and sent_at is not None:
+                states = await client.read_flow_run_states(run.id)
+                claimed = min(s.timestamp for s in states if s.type.value == "PENDING")
+                task_runs = await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+                )
+                [prepare] = [t for t in task_runs if t.name == "prepare delivery"]
+                [chunk] = [t for t in task_runs if t.name.startswith("deliver chunk")]
+                moments = [
+                    send_at,
+                    run.created,
+                    claimed,
+                    run.start_time,
+                    prepare.start_time,
+                    prepare.end_time,
+                    chunk.start_time,
+                    sent_at,
+                ]
+                for stage, begin, end in zip(STAGES, moments[:-1], moments[1:], strict=True):
+                    assert begin is not None
+                    assert end is not None
+                    stages[stage].append((end - begin).total_seconds())
     print(
         f"requests: {scheduled} scheduled (staggered {stagger} s), {now} send-now; "
         f"delivered {len(rows)}/{len(kinds)}"
@@ -238,6 +271,14 @@ async def measure(scheduled: int, now: int, stagger: float, lead: float) -> None
         if send_lag[kind]:
             print(summary(f"{kind} flow start", flow_lag[kind]))
             print(summary(f"{kind} first send", send_lag[kind]))
+    if stages["created"]:
+        print(
+            "send-now stages, p50 / p95: "
+            + "; ".join(
+                f"{stage} {statistics.median(lags):.3f} / {percentile(lags, 0.95):.3f} s"
+                for stage, lags in stages.items()
+            )
+        )
     everything = len(rows) == len(kinds)
     for kind, limit, count in (
         ("scheduled", TARGET_SCHEDULED, scheduled),
