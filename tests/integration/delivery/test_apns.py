@@ -236,39 +236,56 @@ async def test_streams_left_by_goaway_or_a_lost_connection_are_resent_once(
     assert goaway_server.connections >= 20
 
 
+@pytest.mark.parametrize("prepared", [False, True])
 @pytest.mark.parametrize("http2", ["curl", "h2"])
 async def test_the_servers_stream_limit_is_never_exceeded(
     settings: Settings,
     stream_limit_server: Any,  # conftest.StreamLimitServer
     http2: Literal["curl", "h2"],
+    prepared: bool,
 ) -> None:
+    """Unprepared, libcurl's first request goes alone until the server's limit is known;
+    prepared (before a chunk's send time), the probe that opened the connection learnt it
+    and the first send goes as a burst at once, within it."""
     base = f"http://127.0.0.1:{stream_limit_server.port}"
     credentials = apns_credentials(settings.model_copy(update={"apns_base_url": base}))
     provider = ApnsProvider(credentials, concurrency=64, max_connections=1, http2=http2)
     tokens = [f"lim-{i}" for i in range(120)]
     try:
+        if prepared:
+            await provider.prepare()
+        probes = list(stream_limit_server.processed)  # libcurl's request to "/"
         results = await provider.send_many([message(i, t) for i, t in enumerate(tokens)])
     finally:
         await provider.aclose()
+    assert probes == ([""] if prepared and http2 == "curl" else [])
     assert [r.error_message for r in results] == [""] * 120
-    assert sorted(stream_limit_server.processed) == sorted(tokens)  # each exactly once
+    assert sorted(stream_limit_server.processed[len(probes) :]) == sorted(tokens)  # each once
+    assert provider.pool.connections_opened == 1
     assert stream_limit_server.most_open == 5  # the limit is used, and never exceeded
     assert stream_limit_server.errors == []
     assert stream_limit_server.refused == 0  # the client waited for the server's limit
 
 
+@pytest.mark.parametrize("prepared", [False, True])
 async def test_unreachable_apns_is_retried_then_push_failed(
-    settings: Settings, closed_port: int
+    settings: Settings, closed_port: int, prepared: bool
 ) -> None:
+    """Prepared first (:meth:`ApnsProvider.prepare`, before a chunk's send time), too:
+    preparing raises nothing, and the sends try again and report it."""
     credentials = apns_credentials(
         settings.model_copy(update={"apns_base_url": f"http://127.0.0.1:{closed_port}"})
     )
     provider = ApnsProvider(credentials, max_attempts=2, backoff_base=0.01)
     try:
+        if prepared:
+            await provider.prepare()
+            assert provider.pool.connections_opened == 0
         [result] = await provider.send_many([message(0, "ok-nowhere")])
     finally:
         await provider.aclose()
     assert result.error_message == "FPErrPushFailed"
+    assert not provider.auth_failed
 
 
 @pytest.mark.parametrize("http2", ["curl", "h2"])
@@ -289,50 +306,6 @@ async def test_a_prepared_provider_sends_on_the_connection_it_opened(
     assert [r.error_message for r in results] == [""] * 50
     assert (provider.tokens.minted, provider.pool.connections_opened) == (1, 1)
     assert len(httpx.get(f"{sandbox}/sandbox/deliveries").json()) == 50
-
-
-@pytest.mark.parametrize("http2", ["curl", "h2"])
-async def test_a_prepared_provider_knows_the_servers_stream_limit_before_its_first_send(
-    settings: Settings,
-    stream_limit_server: Any,  # conftest.StreamLimitServer
-    http2: Literal["curl", "h2"],
-) -> None:
-    """Its first send does not go alone (the probe of an unprepared pool), and the burst
-    that follows keeps within the limit the server announced."""
-    base = f"http://127.0.0.1:{stream_limit_server.port}"
-    credentials = apns_credentials(settings.model_copy(update={"apns_base_url": base}))
-    provider = ApnsProvider(credentials, concurrency=64, max_connections=1, http2=http2)
-    tokens = [f"lim-{i}" for i in range(60)]
-    try:
-        await provider.prepare()
-        probes = list(stream_limit_server.processed)  # libcurl's request to "/"
-        results = await provider.send_many([message(i, t) for i, t in enumerate(tokens)])
-    finally:
-        await provider.aclose()
-    assert probes == ([""] if http2 == "curl" else [])
-    assert [r.error_message for r in results] == [""] * 60
-    assert sorted(stream_limit_server.processed[len(probes) :]) == sorted(tokens)
-    assert stream_limit_server.most_open == 5
-    assert (stream_limit_server.errors, stream_limit_server.refused) == ([], 0)
-    assert provider.pool.connections_opened == 1
-
-
-async def test_preparing_an_unreachable_apns_raises_nothing(
-    settings: Settings, closed_port: int
-) -> None:
-    """The sends try again and report it."""
-    credentials = apns_credentials(
-        settings.model_copy(update={"apns_base_url": f"http://127.0.0.1:{closed_port}"})
-    )
-    provider = ApnsProvider(credentials, max_attempts=2, backoff_base=0.01)
-    try:
-        await provider.prepare()
-        assert provider.pool.connections_opened == 0
-        [result] = await provider.send_many([message(0, "ok-nowhere")])
-    finally:
-        await provider.aclose()
-    assert result.error_message == "FPErrPushFailed"
-    assert not provider.auth_failed
 
 
 @pytest.mark.parametrize("http2", ["curl", "h2"])
