@@ -21,7 +21,6 @@ fallback when pycurl's libcurl was built without HTTP/2. Both keep GOAWAY semant
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
 import uuid
@@ -45,8 +44,6 @@ from campaign_trigger.store.models import Platform
 DEFAULT_EXPIRATION_SECONDS: Final = 24 * 3600
 _PLAIN_TOKEN: Final = re.compile(rb"[A-Za-z0-9_.~-]+")  # nothing to percent-encode
 STREAMS_PER_CONNECTION: Final = 100
-
-logger = logging.getLogger(__name__)
 
 
 class ApnsProvider(RetryingSender):
@@ -100,16 +97,12 @@ class ApnsProvider(RetryingSender):
         self._expires_key = (0, 0)
         self._expires_value = b""
 
-    async def prepare(self) -> None:
+    async def _ready(self) -> None:
         """The provider token (signed here) and a connection to APNs, its stream limit
         known: what a first send would wait for after the send time (a TLS handshake and
-        a round trip to Apple). A failure is left to the sends, which try again and
-        report it."""
-        try:
-            self.tokens.get()
-            await self.pool.warm()
-        except Exception as exc:  # a key that does not sign, APNs down: the sends tell
-            logger.debug("APNs at %s not prepared: %r", self.endpoint, exc)
+        a round trip to Apple)."""
+        self.tokens.get()
+        await self.pool.warm()
 
     def _build(self, message: PushMessage) -> bytes:
         return apns_body(message)

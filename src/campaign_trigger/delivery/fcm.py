@@ -9,7 +9,6 @@ it needs far less CPU than aiohttp, itself 4-9x faster than httpx here
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
@@ -24,8 +23,6 @@ from campaign_trigger.delivery.payload import fcm_body
 from campaign_trigger.delivery.sandbox_tls import client_context
 from campaign_trigger.delivery.sending import Answer, RetryingSender
 from campaign_trigger.store.models import Platform
-
-logger = logging.getLogger(__name__)
 
 
 class FcmProvider(RetryingSender):
@@ -60,16 +57,12 @@ class FcmProvider(RetryingSender):
         self._head = b""
         self._head_token = ""
 
-    async def prepare(self) -> None:
+    async def _ready(self) -> None:
         """The access token (an assertion signed here and a round trip to the token
         endpoint, unless a fresh one is cached) and a connection to FCM: what a first send
-        would wait for after the send time. A failure is left to the sends, which try
-        again and report it."""
-        try:
-            await self.tokens.get()
-            await self.pool.warm()
-        except Exception as exc:  # refused credentials, an endpoint down: the sends tell
-            logger.debug("FCM at %s not prepared: %r", self.endpoint, exc)
+        would wait for after the send time."""
+        await self.tokens.get()
+        await self.pool.warm()
 
     def _build(self, message: PushMessage) -> bytes:
         return fcm_body(message)

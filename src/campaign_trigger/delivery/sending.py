@@ -181,8 +181,16 @@ class RetryingSender(ABC):
         """Close connections."""
 
     async def prepare(self) -> None:
-        """Ready what a first send would wait for, ahead of the send time: nothing unless
-        a provider says what (:meth:`FcmProvider.prepare`)."""
+        """Ready what a first send would wait for (:meth:`_ready`), ahead of the send time.
+        A failure is left to the sends, which try again and report it."""
+        try:
+            await self._ready()
+        except Exception as exc:  # refused credentials, an endpoint down: the sends tell
+            log.debug("%s at %s not prepared: %r", type(self).__name__, self.endpoint, exc)
+
+    async def _ready(self) -> None:
+        """What :meth:`prepare` readies (a credential, a connection): nothing unless a
+        provider says what."""
         return None
 
     async def send_many(
