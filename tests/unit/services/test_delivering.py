@@ -155,10 +155,11 @@ def _deliver(
 def _deliver_ahead(
     session: Session, settings: Settings, storage: Storage, org: Org, provider: FakeProvider
 ) -> tuple[datetime, datetime, datetime]:
-    """Deliver a one-message request due in half a second: its send time, when
+    """Deliver a one-message request due in two seconds (time enough, on a loaded machine,
+    to make the request and reach its chunk before then): its send time, when
     ``provider`` was prepared, when it sent."""
     _devices(session, org, {"u0": "t0"})
-    send_at = datetime.now(UTC) + timedelta(seconds=0.5)
+    send_at = datetime.now(UTC) + timedelta(seconds=2)
     request_id = _request(session, settings, storage, org, 1, send_at=send_at)
     _deliver(session, settings, request_id, _chunk(["u0"]), provider)
     [(first, prepared), (then, sent)] = provider.calls
