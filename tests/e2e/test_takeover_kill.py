@@ -195,16 +195,21 @@ async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothi
     start_worker: WorkerFactory, sandbox: Sandbox
 ) -> None:
     """A run scheduled ahead starts 0.4 s before its time, and its chunk readies itself
-    (audience, rendering, the provider's token and connection) then waits for the bell.
-    SIGKILLed in that window, the worker sent nothing; another worker takes the run over
-    and each device gets the message once."""
+    (audience, rendering, each provider's token and connection: FCM's, and APNs' through
+    a request naming no device) then waits for the bell. SIGKILLed in that window, the
+    worker sent nothing; another worker takes the run over and each device, an Android
+    phone and an iPhone per user, gets the message once."""
     worker = start_worker()
     tenant = seed_tenant()
     prefix = f"ahead-{uuid.uuid4().hex[:6]}"
     users = [f"{prefix}-u{n}" for n in range(50)]
-    tokens = [f"{user}-tok" for user in users]
+    tokens = [f"{user}-{app}-tok" for user in users for app in (tenant.android, tenant.ios)]
     add_devices(
-        [DeviceSpec(tenant.android, f"{t}-d", u, t) for u, t in zip(users, tokens, strict=True)]
+        [
+            DeviceSpec(app, f"{user}-{app}", user, f"{user}-{app}-tok")
+            for user in users
+            for app in (tenant.android, tenant.ios)
+        ]
     )
     send_at = datetime.now(UTC) + timedelta(seconds=8)
     request_id = add_request(tenant, users, send_at=send_at)
@@ -220,6 +225,7 @@ async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothi
     run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=240)
     assert state_name(run) == "COMPLETED", run.state if run else None
     assert set(sandbox.delivered(tokens).values()) == {1}  # each device once
-    report = read_report(request_id)[tenant.android]
-    assert sorted(r["user_id"] for r in report) == sorted(users)
-    assert all(datetime.fromisoformat(r["sent_at"]) >= send_at for r in report)
+    for app in (tenant.android, tenant.ios):
+        report = read_report(request_id)[app]
+        assert sorted(r["user_id"] for r in report) == sorted(users)
+        assert all(datetime.fromisoformat(r["sent_at"]) >= send_at for r in report)
