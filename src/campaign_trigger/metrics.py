@@ -26,6 +26,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
@@ -42,6 +43,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "exposition"]
 disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY: Final = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)  # the collector's passes by generation (heap.py)
 
 PROVIDERS: Final = {Platform.android: "fcm", Platform.ios: "apns"}
 SENT: Final = "sent"

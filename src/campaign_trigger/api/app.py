@@ -1,6 +1,6 @@
 """The FastAPI application: routers, error handlers, the quota header, health and metrics.
 
-Run it with ``uvicorn --factory campaign_trigger.api.app:create_app`` (or
+Run it with ``uvicorn --factory campaign_trigger.api.app:serve_app`` (or
 ``campaign-trigger api``). When ``PREFECT_API_URL`` names a server, the app also runs
 the scheduling outbox's reconciler, which turns accepted requests into flow runs.
 """
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from campaign_trigger import __version__
+from campaign_trigger import __version__, heap
 from campaign_trigger.api import auth, campaigns, devices, files, webhooks
 from campaign_trigger.api.deps import SettingsDep
 from campaign_trigger.api.docs import install_docs
@@ -51,7 +52,26 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
             await asyncio.wait_for(task, timeout=5)
 
 
-def create_app() -> FastAPI:
+@contextlib.asynccontextmanager
+async def _served_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """:func:`_lifespan`, then the process's start-up heap frozen (:func:`heap.settle`)."""
+    async with _lifespan(app):
+        heap.settle()
+        yield
+
+
+def serve_app() -> FastAPI:
+    """The application of an API server process (``campaign-trigger api``, ``up``): once it
+    has started, what it loaded (~260,000 objects) is frozen for the garbage collector,
+    which then makes a young pass every 50,000 allocations instead of 700 (:mod:`heap`;
+    400 calls, 10 at a time: ~90 young passes before, none after). Not for an
+    application built in a process that does more (a test's)."""
+    return create_app(lifespan=_served_lifespan)
+
+
+def create_app(
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] = _lifespan,
+) -> FastAPI:
     """Build the API application. Reads the settings first, so that a bad one (such as a
     CT_SECRET_KEY shorter than 32 bytes) stops the start with its reason. A local
     storage folder is made if missing; one that cannot be made shows in /health."""
@@ -68,7 +88,7 @@ def create_app() -> FastAPI:
         "limited before they are read (413): 4 KB for sign-in, 8 KB for the device "
         "routes, `json_messages_cap` x 2 KB for a JSON create, 1 GB for a CSV upload. "
         "Failed sign-ins are throttled per account and per client address (429).",
-        lifespan=_lifespan,
+        lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
     )

@@ -1,7 +1,8 @@
-"""``uvicorn campaign_trigger.api.main:app``: the application built once at import."""
+"""``uvicorn campaign_trigger.api.main:app``: the application of a server process
+(:func:`~campaign_trigger.api.app.serve_app`), built once at import."""
 
 from __future__ import annotations
 
-from campaign_trigger.api.app import create_app
+from campaign_trigger.api.app import serve_app
 
-app = create_app()
+app = serve_app()

@@ -91,7 +91,7 @@ def api(
 
     settings = get_settings()
     uvicorn.run(
-        "campaign_trigger.api.app:create_app",
+        "campaign_trigger.api.app:serve_app",
         factory=True,
         host=settings.api_host,
         port=settings.api_port,

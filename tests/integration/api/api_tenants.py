@@ -130,7 +130,7 @@ def start_api_server(log_dir: Path, **env: str) -> Server:
     argv = [
         str(VENV_BIN / "uvicorn"),
         "--factory",
-        "campaign_trigger.api.app:create_app",
+        "campaign_trigger.api.app:serve_app",
         "--host",
         "127.0.0.1",
         "--port",

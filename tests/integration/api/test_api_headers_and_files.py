@@ -157,7 +157,7 @@ def test_a_short_secret_key_stops_the_start_with_its_reason(session_dir: Path) -
         [
             str(VENV_BIN / "uvicorn"),
             "--factory",
-            "campaign_trigger.api.app:create_app",
+            "campaign_trigger.api.app:serve_app",
             "--port",
             str(port),
         ],
@@ -240,7 +240,7 @@ def test_the_home_s_files_are_private_from_their_creation(session_dir: Path) -> 
             [
                 str(VENV_BIN / "uvicorn"),
                 "--factory",
-                "campaign_trigger.api.app:create_app",
+                "campaign_trigger.api.app:serve_app",
                 "--port",
                 str(port),
             ]

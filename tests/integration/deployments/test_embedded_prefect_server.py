@@ -6,6 +6,9 @@ event persister off, the task-run recorder writing in batches once a second."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import State, StateType
 from prefect.states import Completed, Pending, Running, Scheduled
 
+from campaign_trigger import heap
 from campaign_trigger.deployments import prefect_server as embedded
 from support import ManagedProcess, free_port, prefect_server_argv, prefect_server_env, wait_http
 
@@ -101,3 +105,34 @@ async def test_the_server_runs_without_the_event_persister_and_records_task_runs
     assert recorder["enabled"] is True
     assert recorder["batch_size"] == embedded.RECORDER_BATCH > 1
     assert recorder["flush_interval"] == embedded.RECORDER_FLUSH_SECONDS == 1
+
+
+BUILT_AS_STARTED = """
+import gc, prefect.cli
+from prefect.server.api import server
+
+def start():  # what `prefect server start` does before it serves
+    server.create_app(final=True, webserver_only=False)
+    print(gc.get_freeze_count(), gc.get_threshold()[0])
+
+prefect.cli.app = start
+from campaign_trigger.deployments import prefect_server
+prefect_server.main()
+"""
+
+
+def test_the_server_s_heap_is_frozen_once_its_application_is_built(tmp_path: Path) -> None:
+    """Its ~290,000 objects at that point are out of the collector's passes (a full pass
+    over the server's heap took 0.4 s of its event loop, every 30 to 60 s under load), and
+    the young passes come every 50,000 allocations instead of 700."""
+    done = subprocess.run(
+        [sys.executable, "-c", BUILT_AS_STARTED],
+        env={**os.environ, **prefect_server_env(tmp_path, free_port())},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    frozen, young_every = map(int, done.stdout.split())
+    assert frozen > 100_000
+    assert young_every == heap.YOUNG_PASS_EVERY
