@@ -26,7 +26,7 @@ up to a second later. The environment's
 
 Once its application is built, what the server loaded is frozen for the garbage collector
 (:func:`heap.settle`): its full passes walked ~580,000 objects each, 0.4 s with the
-server's event loop stopped, every 30 to 60 s under load (docs/benchmarks.md).
+server's event loop stopped, every few tens of seconds under load (docs/benchmarks.md).
 
 Run as ``python -m campaign_trigger.deployments.prefect_server
 [start options]``; the options are ``prefect server start``'s.
