@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from campaign_trigger import heap
 from campaign_trigger.cli.base import app, fail, migrate, say
 from campaign_trigger.config import get_settings
 from campaign_trigger.errors import CampaignTriggerError
@@ -86,7 +85,6 @@ def api(
     ] = None,
 ) -> None:
     """Run the HTTP API alone."""
-    heap.starting()
     import uvicorn
 
     from campaign_trigger import logs
@@ -115,7 +113,6 @@ def sandbox(
 
     See docs/sandbox.md.
     """
-    heap.starting()
     from campaign_trigger import logs
     from campaign_trigger.delivery.sandbox import serve
 
@@ -160,7 +157,6 @@ def worker(
     """Run a delivery worker: a Prefect worker of the pool campaign-trigger-delivery that
     executes deliver-request runs and shares of large requests (deliver-chunks) in-process
     (start N of them, on N machines: every one takes shares of a large request)."""
-    heap.starting()
     from campaign_trigger.deployments.worker import main as worker_main
 
     worker_main(
@@ -175,7 +171,6 @@ def worker(
 @app.command()
 def runner(limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 4) -> None:
     """Serve the send-batch, daily-csv-batch and maintenance deployments."""
-    heap.starting()
     from campaign_trigger.deployments.runner import main as runner_main
 
     runner_main(limit=limit)
