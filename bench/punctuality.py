@@ -325,8 +325,10 @@ async def _steps(client: PrefectClient, flow_run_id: uuid.UUID) -> tuple[TaskRun
         )
         prepare = [t for t in task_runs if t.name == "prepare delivery" and t.end_time]
         chunk = [t for t in task_runs if t.name.startswith("deliver chunk") and t.start_time]
-        if (prepare and chunk) or time.monotonic() > deadline:
+        if prepare and chunk:
             return prepare[0], chunk[0]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {flow_run_id}: its steps not recorded within 30 s")
         await asyncio.sleep(0.5)
 
 

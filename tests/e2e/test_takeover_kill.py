@@ -203,14 +203,13 @@ async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothi
     tenant = seed_tenant()
     prefix = f"ahead-{uuid.uuid4().hex[:6]}"
     users = [f"{prefix}-u{n}" for n in range(50)]
-    tokens = [f"{user}-{app}-tok" for user in users for app in (tenant.android, tenant.ios)]
-    add_devices(
-        [
-            DeviceSpec(app, f"{user}-{app}", user, f"{user}-{app}-tok")
-            for user in users
-            for app in (tenant.android, tenant.ios)
-        ]
-    )
+    devices = [
+        DeviceSpec(app, f"{user}-{app}", user, f"{user}-{app}-tok")
+        for user in users
+        for app in (tenant.android, tenant.ios)
+    ]
+    tokens = [device.token for device in devices if device.token]
+    add_devices(devices)
     send_at = datetime.now(UTC) + timedelta(seconds=8)
     request_id = add_request(tenant, users, send_at=send_at)
     notify_new_request(request_id)
