@@ -8,11 +8,15 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: up test test-fast check lock bench clean screenshots
 
-$(STAMP): pyproject.toml requirements.lock
+# The dependencies are installed compiled (--compile-bytecode: uv, unlike pip, leaves it
+# to the first import, which cannot write it where PYTHONDONTWRITEBYTECODE is set, as in
+# many containers): else every process of the stack compiles Prefect, SQLAlchemy and
+# pydantic from source at each start, ~4 s of CPU a process (docs/benchmarks.md).
+$(STAMP): pyproject.toml requirements.lock Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ needed"'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "uv>=0.5"
-	$(BIN)/uv pip sync --quiet --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip sync --quiet --compile-bytecode --python $(BIN)/python requirements.lock
 	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps -e .
 	@touch $(STAMP)
 

@@ -3,6 +3,7 @@ every second of its imports delays the takeover of nothing but its own slots."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -76,3 +77,41 @@ def test_a_command_imports_what_it_runs_with_the_collector_s_passes_rare() -> No
         timeout=120,
     )
     assert done.stdout.splitlines()[-1] == str(heap.YOUNG_PASS_EVERY)
+
+
+UNCOMPILED = """
+import importlib.util, os, sys, sysconfig
+import campaign_trigger.deployments.prefect_server, campaign_trigger.deployments.worker
+import campaign_trigger.api.app, prefect.server.api.server
+site = sysconfig.get_paths()["purelib"]
+for name, module in sorted(sys.modules.items()):
+    source = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+    if not (source.startswith(site) and source.endswith(".py")):
+        continue
+    cached = importlib.util.cache_from_source(source)
+    header = open(cached, "rb").read(16) if os.path.exists(cached) else b""
+    stat = os.stat(source)
+    stamp = (int(stat.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (
+        stat.st_size & 0xFFFFFFFF
+    ).to_bytes(4, "little")
+    if header[8:16] != stamp:
+        print(name)
+"""
+
+
+def test_the_servers_dependencies_load_compiled() -> None:
+    """The locked dependencies are installed with their bytecode (``make``: ``uv pip sync
+    --compile-bytecode``): where a process may not write it (``PYTHONDONTWRITEBYTECODE``,
+    a read-only install), every start of a worker, the API or the Prefect server
+    compiled Prefect, SQLAlchemy and pydantic from source, ~4 s of CPU each. Each module
+    they load from site-packages has bytecode matching its source (Python's own check of a
+    ``.pyc``: the source's modification time and size)."""
+    done = subprocess.run(
+        [sys.executable, "-c", UNCOMPILED],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert done.stdout.split() == []
