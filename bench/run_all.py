@@ -70,6 +70,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "million": (["--users", "20000"], []),
     "gigabyte": (["--bytes", "2000000", "--reference-users", "10000"], []),
     "api_creates": (["--rates", "10", "25", "--seconds", "4", "--workers", "1"], []),
+    "startup": (["--rounds", "1"], []),
 }
 SHARED = (
     "punctuality",
