@@ -108,17 +108,21 @@ def _latencies(sandbox: str, sent: dict[str, float], wait_seconds: float) -> lis
     return list(latencies.values())
 
 
-def _settle(timeout: float = 300) -> None:
-    """Wait until no request made so far is still scheduled or running (then two
-    seconds, for their runs' last states): a rate not sustained leaves runs behind its
-    last delivery, and the next phase or the reference measured beside that backlog
-    counted the server's work for both (the reference read ~4x its CPU per run)."""
+def _settle(campaign_id: str, timeout: float = 300) -> None:
+    """Wait until no request of this benchmark's campaign is still scheduled or running
+    (then two seconds, for their runs' last states): a rate not sustained leaves runs
+    behind its last delivery, and the next phase or the reference measured beside that
+    backlog counted the server's work for both (the reference read ~4x its CPU per run).
+    Only its own: in ``make bench``'s shared stack, a request an earlier benchmark claimed
+    and left running (``chunk_overhead``'s reference) kept it waiting until it failed."""
     from sqlmodel import Session, col, func, select
 
     from campaign_trigger.store.db import get_engine
     from campaign_trigger.store.models import Request, RequestState
 
-    unfinished = col(Request.state).in_((RequestState.scheduled, RequestState.running))
+    unfinished = col(Request.state).in_((RequestState.scheduled, RequestState.running)) & (
+        col(Request.campaign_id) == campaign_id
+    )
     deadline = time.monotonic() + timeout
     with Session(get_engine()) as session:
         while session.exec(select(func.count()).select_from(Request).where(unfinished)).one():
@@ -192,7 +196,7 @@ def main() -> None:
             sustained = 0.0
             held: dict[float, bool] = {}
             for rate in args.rates:
-                _settle()
+                _settle(audience.campaign_id)
                 batch = [next(users) for _ in range(int(rate * args.seconds))]
                 profile = None
                 if args.profile and rate == args.profile_rate:
@@ -229,7 +233,7 @@ def main() -> None:
                         + f" (py-spy stacks in {args.profile})",
                         flush=True,
                     )
-            _settle()
+            _settle(audience.campaign_id)
             reference, reference_cpu = asyncio.run(_reference(args.reference_runs, server))
             print(
                 f"reference, empty flow runs with 3 task runs executed in-process: "
