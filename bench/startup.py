@@ -122,10 +122,8 @@ def main() -> None:
                 f"every process ready in {start.wall:.1f} s, {start.cpu:.1f} s of CPU",
                 flush=True,
             )
-    wall, cpu = (
-        statistics.median(s.wall for s in compiled),
-        statistics.median(s.cpu for s in compiled),
-    )
+    wall = statistics.median(s.wall for s in compiled)
+    cpu = statistics.median(s.cpu for s in compiled)
     ref_wall = statistics.median(s.wall for s in source)
     ref_cpu = statistics.median(s.cpu for s in source)
     result(
