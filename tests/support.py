@@ -199,6 +199,20 @@ def prefect_server_env(home: Path, port: int) -> dict[str, str]:
     }
 
 
+def probe_output(code: str, **env: str) -> str:
+    """What ``code`` prints, run by this venv's Python in a process of its own (the
+    environment this one's, with ``env`` on top); a failure raises with its output."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    return done.stdout
+
+
 def run_on_terminal(argv: Sequence[str], *, timeout: float = 120) -> tuple[int, str]:
     """Run ``argv`` with a pseudo-terminal as stdin, stdout and stderr (a 100-column
     xterm); its exit code and everything it drew."""

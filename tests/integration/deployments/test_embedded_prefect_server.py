@@ -6,9 +6,6 @@ event persister off, the task-run recorder writing in batches once a second."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,14 @@ from prefect.states import Completed, Pending, Running, Scheduled
 
 from campaign_trigger import heap
 from campaign_trigger.deployments import prefect_server as embedded
-from support import ManagedProcess, free_port, prefect_server_argv, prefect_server_env, wait_http
+from support import (
+    ManagedProcess,
+    free_port,
+    prefect_server_argv,
+    prefect_server_env,
+    probe_output,
+    wait_http,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -127,14 +131,7 @@ def test_the_server_s_heap_is_frozen_once_its_application_is_built(tmp_path: Pat
     over the server's heap took 0.4 s of its event loop, every few tens of seconds under
     load), and the young passes come every 50,000 allocations instead of 700, from before
     Prefect's server is imported (its start ~0.3 s of CPU shorter)."""
-    done = subprocess.run(
-        [sys.executable, "-c", BUILT_AS_STARTED],
-        env={**os.environ, **prefect_server_env(tmp_path, free_port())},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    loading, frozen, young_every = map(int, done.stdout.split())
+    printed = probe_output(BUILT_AS_STARTED, **prefect_server_env(tmp_path, free_port()))
+    loading, frozen, young_every = map(int, printed.split())
     assert loading == young_every == heap.YOUNG_PASS_EVERY
     assert frozen > 100_000

@@ -3,25 +3,8 @@ every second of its imports delays the takeover of nothing but its own slots."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from campaign_trigger import heap
-
-
-def _output(probe: str, **env: str) -> str:
-    """What ``probe`` prints, run by this venv's Python in a process of its own."""
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        env={**os.environ, **env},
-    )
-    return done.stdout
-
+from support import probe_output
 
 PROBE = """
 import sys
@@ -36,7 +19,7 @@ def test_a_worker_loads_no_pandas_and_the_api_loads_it_as_it_starts() -> None:
     """pandas and pandera (3 of 12 s of a worker's import CPU on a slow machine) are not
     what its modules import: pandera loads when a file is ingested, pandas as the worker
     settles (below); the API, which ingests uploads, loads both before its first one."""
-    assert _output(PROBE).split("\n")[:2] == ["worker False False", "api True True"]
+    assert probe_output(PROBE).split("\n")[:2] == ["worker False False", "api True True"]
 
 
 FIRST_RENDER = """
@@ -55,7 +38,7 @@ def test_a_settled_worker_renders_its_first_message_without_importing_anything()
     """pyarrow imports pandas at its first compute call (~1 s of CPU on a 2-core machine):
     a worker paid it in its first request, which reached its provider up to a second late;
     it now pays it as it starts, before it is ready."""
-    assert _output(FIRST_RENDER).strip() == "[]"
+    assert probe_output(FIRST_RENDER).strip() == "[]"
 
 
 THRESHOLD_OF_A_COMMAND = """
@@ -73,7 +56,7 @@ print(gc.get_threshold()[0])
 def test_a_command_imports_what_it_runs_with_the_collector_s_passes_rare() -> None:
     """``campaign-trigger`` sets the collector's thresholds before a command imports its
     server (``heap.starting``): a worker's or the API's start ~0.5 s of CPU shorter."""
-    assert _output(THRESHOLD_OF_A_COMMAND).splitlines()[-1] == str(heap.YOUNG_PASS_EVERY)
+    assert probe_output(THRESHOLD_OF_A_COMMAND).splitlines()[-1] == str(heap.YOUNG_PASS_EVERY)
 
 
 UNCOMPILED = """
@@ -103,4 +86,4 @@ def test_the_servers_dependencies_load_compiled() -> None:
     compiled Prefect, SQLAlchemy and pydantic from source, ~4 s of CPU each. Each module
     they load from site-packages has bytecode matching its source (Python's own check of a
     ``.pyc``: the source's modification time and size)."""
-    assert _output(UNCOMPILED, PYTHONDONTWRITEBYTECODE="1").split() == []
+    assert probe_output(UNCOMPILED, PYTHONDONTWRITEBYTECODE="1").split() == []

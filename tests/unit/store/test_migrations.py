@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from sqlmodel import SQLModel
 from campaign_trigger.store import models  # noqa: F401
 from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.migrate import HEAD, MIGRATIONS, downgrade, upgrade
+from support import probe_output
 
 
 def _tables(url: str) -> set[str]:
@@ -58,10 +57,7 @@ def test_a_database_at_head_is_left_alone_without_loading_alembic(tmp_path: Path
     )
 
     def loads_alembic() -> str:
-        done = subprocess.run(
-            [sys.executable, "-c", check], capture_output=True, text=True, check=True
-        )
-        return done.stdout.strip()
+        return probe_output(check).strip()
 
     assert loads_alembic() == "True"  # a new database: migrated
     assert _tables(url) == set(SQLModel.metadata.tables)
