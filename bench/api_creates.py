@@ -55,6 +55,7 @@ from harness import (
     seed_audience,
     start_process,
     stop_process,
+    tree_cpu,
     wait_http,
 )
 
@@ -95,8 +96,7 @@ class Api:
         wait_http(f"{self.base}{ready}")
 
     def cpu(self) -> float:
-        root = psutil.Process(self.process.pid)
-        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+        return tree_cpu(psutil.Process(self.process.pid))
 
     def processes(self) -> dict[str, psutil.Process]:
         root = psutil.Process(self.process.pid)

@@ -89,7 +89,7 @@ from typing import Any
 
 import psutil
 
-from harness import free_port, result, wait_http
+from harness import free_port, result, tree_cpu, wait_http
 
 SCRIPT = Path(__file__).resolve()
 BIN = Path(sys.executable).parent
@@ -476,15 +476,10 @@ async def _flow_worker(concurrency: int, ready: Path, poll: float, recover: bool
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its descendants (0 if gone)."""
-    total = 0.0
     try:
-        process = psutil.Process(pid)
-        for proc in [process, *process.children(recursive=True)]:
-            times = proc.cpu_times()
-            total += times.user + times.system
+        return tree_cpu(psutil.Process(pid))
     except psutil.Error:
-        pass
-    return total
+        return 0.0
 
 
 def postgres_cpu(database: str | None) -> dict[int, float]:

@@ -415,6 +415,21 @@ def create_csv_request(audience: Audience, content: bytes) -> str:
         )
 
 
+def tree_cpu(process: psutil.Process) -> float:
+    """User + system CPU of ``process`` and its descendants alive now (one that has ended
+    counts nothing; a process gone: 0)."""
+    try:
+        family = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for each in family:
+        with suppress(psutil.Error):
+            times = each.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def _pin_threads(pid: int, cpus: set[int]) -> None:
     """Every thread of process ``pid`` on ``cpus`` (an affinity is a thread's own; the
     threads a pinned thread starts inherit it)."""

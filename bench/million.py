@@ -69,6 +69,7 @@ from harness import (
     stop_process,
     task_runs_recorded,
     token_of,
+    tree_cpu,
     wait_http,
 )
 from sandbox import wait_port
@@ -143,14 +144,7 @@ def stack_and_responder(platform: str) -> Iterator[tuple[Path, str]]:
 
 def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
     """User + system CPU of each process and its children so far (0 once gone)."""
-    used = {}
-    for name, process in processes.items():
-        try:
-            family = [process, *process.children(recursive=True)]
-            used[name] = sum(sum(p.cpu_times()[:2]) for p in family)
-        except psutil.Error:
-            used[name] = 0.0
-    return used
+    return {name: tree_cpu(process) for name, process in processes.items()}
 
 
 def stack_processes(worker: int, api: int) -> dict[str, psutil.Process]:

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from harness import private_stack, report_links, result
+from harness import private_stack, report_links, result, tree_cpu
 
 TARGET_RATIO = 1.25
 TARGET_USERS = 100_000
@@ -112,15 +112,6 @@ class Children:
     def stop_all(self) -> None:
         for name in list(self.running):
             self.stop(name)
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    """User + system CPU of a process and its children (nginx's worker is a child)."""
-    total = 0.0
-    for each in [process, *process.children(recursive=True)]:
-        times = each.cpu_times()
-        total += times.user + times.system
-    return total
 
 
 def seed(users: int) -> tuple[str, str]:
@@ -262,9 +253,9 @@ def run(args: argparse.Namespace, work: Path, ports: dict[str, int], children: C
                 print(f"worker ready ({name})", file=sys.stderr, flush=True)
                 httpx.delete(f"{sandbox}/sandbox/deliveries")
                 provider = psutil.Process(children.running[name].pid)
-                cpu = cpu_seconds(provider)
+                cpu = tree_cpu(provider)
                 elapsed = upload_to_report(api, email, campaign_id, args.users)
-                cpu = cpu_seconds(provider) - cpu
+                cpu = tree_cpu(provider) - cpu
                 if name == "sandbox":
                     delivered = httpx.get(f"{sandbox}/sandbox/stats").json()["deliveries"]
                     assert delivered == args.users, f"the sandbox recorded {delivered}"

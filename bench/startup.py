@@ -6,7 +6,7 @@ Each round starts ``up`` with a new home on free ports and waits until it prints
 banner (the Prefect server, the sandbox and the API answer), the delivery worker logs
 ``ready: polling`` and the deployment runner ``serving``; then reads the wall time since
 the start and the CPU the whole process tree used (``up`` and its children, user and
-system), and stops it with Ctrl-C.
+system: :func:`harness.tree_cpu`), and stops it with Ctrl-C.
 
 The reference, in the same run, in turns with it (the first round's order alternating):
 the same start where the installed bytecode cannot be read nor written
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from harness import free_port, result
+from harness import free_port, result, tree_cpu
 
 CLI = str(Path(sys.executable).with_name("campaign-trigger"))
 READY = {"delivery worker.log": "ready: polling", "deployment runner.log": "serving "}
@@ -43,19 +43,6 @@ READY = {"delivery worker.log": "ready: polling", "deployment runner.log": "serv
 class Start:
     wall: float  # seconds from the command to every process ready
     cpu: float  # CPU seconds of the whole tree by then
-
-
-def _tree_cpu(root: psutil.Process) -> float:
-    """User and system CPU of ``root``, its children that have ended and those alive."""
-    processes = [root, *root.children(recursive=True)]
-    total = 0.0
-    for process in processes:
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 def one_start(*, from_source: bool, timeout: float = 300) -> Start:
@@ -85,7 +72,7 @@ def one_start(*, from_source: bool, timeout: float = 300) -> Start:
                     raise RuntimeError(f"up did not get ready:\n{output.read_text()[-3000:]}")
                 time.sleep(0.05)
             wall = time.monotonic() - started
-            return Start(wall=wall, cpu=_tree_cpu(tree))
+            return Start(wall=wall, cpu=tree_cpu(tree))
         finally:
             up.send_signal(signal.SIGINT)
             try:

@@ -1,8 +1,8 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
 chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a worker's CPU
-between two moments from its samples, a process's context switches summed over its
-threads, and the processes pinned apart for ``--pin``."""
+between two moments from its samples, a process tree's CPU, a process's context switches
+summed over its threads, and the processes pinned apart for ``--pin``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 # The benchmarks import their harness as a top-level module, from bench/ itself
@@ -320,3 +321,25 @@ def test_a_processs_context_switches_are_summed_over_its_threads() -> None:
     assert voluntary == sum(per_thread.values())
     assert len(per_thread) == 2
     assert voluntary - main_alone >= 100
+
+
+def test_a_process_tree_s_cpu_counts_its_descendants_and_nothing_once_it_is_gone() -> None:
+    """``harness.tree_cpu``: a shell whose child burns ~0.3 s of CPU reads at least
+    that much; a process that has ended reads 0."""
+    burn = (
+        "import time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\ntime.sleep(30)"
+    )
+    shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0"; sleep 30', burn])
+    try:
+        tree = psutil.Process(shell.pid)
+        deadline = time.monotonic() + 10
+        while harness.tree_cpu(tree) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert harness.tree_cpu(tree) >= 0.3
+        assert sum(tree.cpu_times()[:2]) < 0.1  # the shell itself did next to nothing
+    finally:
+        for each in [tree, *tree.children(recursive=True)]:
+            each.kill()
+        shell.wait()
+    assert harness.tree_cpu(tree) == 0.0
