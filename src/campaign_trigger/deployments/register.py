@@ -33,12 +33,13 @@ logger = logging.getLogger(__name__)
 WORKER_TYPE: Final = "campaign-trigger"
 ZOMBIE_AUTOMATION: Final = "campaign-trigger: deliveries whose worker died"
 ZOMBIE_MESSAGE: Final = prefect_runs.DEAD_RUN_MESSAGE
-# A run is alive while its engine emits heartbeats or moves; dead when neither happens.
-_ALIVE_EVENTS: Final = {
-    "prefect.flow-run.heartbeat",
-    "prefect.flow-run.Pending",
-    "prefect.flow-run.Running",
-}
+# A run is watched from its claim (Pending) on: alive while heartbeats arrive, dead when
+# neither a heartbeat nor a state at rest comes within the limit. Running is not one of
+# them: it follows the claim at once, and a worker sends its runs' heartbeats every eighth
+# of the limit, so it told nothing more, and each event the automation watches costs the
+# Prefect server its trigger's evaluation (reads and writes of its bucket: Running's were
+# about a tenth of the server's CPU a one-message request, docs/benchmarks.md).
+_ALIVE_EVENTS: Final = {"prefect.flow-run.heartbeat", "prefect.flow-run.Pending"}
 _AT_REST_EVENTS: Final = {
     f"prefect.flow-run.{name}"
     for name in (
@@ -85,9 +86,9 @@ def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> Auto
     :data:`ZOMBIE_MESSAGE`)."""
     return AutomationCore(
         name=ZOMBIE_AUTOMATION,
-        description="A delivery run that neither moved nor sent a heartbeat for "
-        f"{within_seconds} s lost its worker: mark it Crashed; campaign-trigger workers "
-        "take such runs over and resume at the first unrecorded message.",
+        description="A delivery run claimed that then neither sent a heartbeat nor came "
+        f"to rest for {within_seconds} s lost its worker: mark it Crashed; "
+        "campaign-trigger workers take such runs over and resume at the first unrecorded message.",
         trigger=EventTrigger(
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={

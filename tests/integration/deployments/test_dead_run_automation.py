@@ -1,0 +1,84 @@
+"""The dead-run automation (``register.zombie_automation``) on a real Prefect server.
+
+A run claimed (Pending) that then neither sends a heartbeat nor comes to rest within the
+limit is marked dead, whether its worker died before or after the run started; a run
+that completes, or keeps sending heartbeats past the limit, is left alone; a run claimed
+again after it came to rest (a retry) is watched anew. The automation is the test's own
+copy, on a deployment of its own, with a limit of a few seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from prefect import flow, get_client
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import AwaitingRetry, Completed, Pending, Running
+
+from campaign_trigger.deployments import heartbeats, register
+from campaign_trigger.services import prefect_runs
+from support import ManagedProcess
+
+WITHIN = 10  # seconds, the least Prefect allows; it evaluates such triggers every 5 s
+FLOW_NAME = f"dead-run-automation-{uuid.uuid4().hex[:8]}"
+
+
+@flow(name=FLOW_NAME)
+async def watched() -> None:
+    """Never executed: the test moves its runs' states itself."""
+
+
+async def _states(client: PrefectClient, run: FlowRun) -> list[tuple[str, str]]:
+    return [(s.type.value, s.name or "") for s in await client.read_flow_run_states(run.id)]
+
+
+async def _dead(client: PrefectClient, run: FlowRun) -> bool:
+    return ("CRASHED", prefect_runs.DEAD_RUN_STATE_NAME) in await _states(client, run)
+
+
+async def _beat(client: PrefectClient, run: FlowRun, seconds: float) -> None:
+    """The run's heartbeats, as a worker posts them, every second for ``seconds``."""
+    for _ in range(int(seconds)):
+        event = heartbeats.heartbeat(run, FLOW_NAME).model_dump(mode="json")
+        await client.request("POST", "/events", json=[event])
+        await asyncio.sleep(1)
+
+
+async def test_a_claimed_run_silent_past_the_limit_is_marked_dead_and_no_other(
+    prefect_server: ManagedProcess,
+) -> None:
+    async with get_client() as client:
+        deployment_id = await (await watched.ato_deployment(name="watched")).aapply()
+        automation = register.zombie_automation(
+            deployment_ids=[str(deployment_id)], within_seconds=WITHIN
+        ).model_copy(update={"name": f"test: {FLOW_NAME}"})
+        automation_id = await client.create_automation(automation)
+        try:
+            names = ("claimed", "started", "completed", "beating", "retried")
+            runs = {
+                name: await client.create_flow_run_from_deployment(deployment_id) for name in names
+            }
+            for name in names:
+                await client.set_flow_run_state(runs[name].id, Pending())
+            for name in ("started", "completed", "beating", "retried"):
+                await client.set_flow_run_state(runs[name].id, Running())
+            for name in ("completed", "retried"):
+                await client.set_flow_run_state(runs[name].id, Completed())
+            # Claimed again at once, its bucket from the first claim still open.
+            retried = runs["retried"].id
+            await client.set_flow_run_state(retried, AwaitingRetry(), force=True)
+            await client.set_flow_run_state(retried, Pending())
+            await client.set_flow_run_state(retried, Running())
+
+            await _beat(client, await client.read_flow_run(runs["beating"].id), 3 * WITHIN)
+            verdicts = {name: await _dead(client, run) for name, run in runs.items()}
+            assert verdicts == {
+                "claimed": True,
+                "started": True,
+                "completed": False,
+                "beating": False,
+                "retried": True,
+            }, {name: await _states(client, run) for name, run in runs.items()}
+        finally:
+            await client.delete_automation(automation_id)
