@@ -8,6 +8,9 @@
 * the automation :data:`ZOMBIE_AUTOMATION`: a delivery run whose flow-run heartbeats
   stopped (its worker died) is marked Crashed, named "Worker lost", with
   :data:`ZOMBIE_MESSAGE`, and any live worker then takes it over (``deployments.upkeep``).
+  At each start of a worker, it watches every run already claimed
+  (:func:`watch_claimed_runs`): when it was created anew (its definition changed), the
+  old one's watch of them went with it.
 """
 
 from __future__ import annotations
@@ -15,11 +18,19 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from typing import Final
+from uuid import UUID
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
 from prefect.client.schemas.objects import StateType
+from prefect.events import Event
 from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 from prefect.exceptions import ObjectAlreadyExists
@@ -40,6 +51,10 @@ ZOMBIE_MESSAGE: Final = prefect_runs.DEAD_RUN_MESSAGE
 # Prefect server its trigger's evaluation (reads and writes of its bucket: Running's were
 # about a tenth of the server's CPU a one-message request, docs/benchmarks.md).
 _ALIVE_EVENTS: Final = {"prefect.flow-run.heartbeat", "prefect.flow-run.Pending"}
+WATCHED: Final = "campaign-trigger.flow-run.watched"
+"""Posted for a run already claimed when the automation is created: it starts the run's
+watch as a claim does (:func:`watch_claimed_runs`)."""
+_PAGE = 200
 _AT_REST_EVENTS: Final = {
     f"prefect.flow-run.{name}"
     for name in (
@@ -95,7 +110,7 @@ def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> Auto
                 "prefect.resource.id": [f"prefect.deployment.{d}" for d in deployment_ids],
                 "prefect.resource.role": "deployment",
             },
-            after=_ALIVE_EVENTS,
+            after=_ALIVE_EVENTS | {WATCHED},
             expect=_ALIVE_EVENTS | _AT_REST_EVENTS,
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
@@ -124,9 +139,50 @@ async def _ensure_zombie_automation(client: PrefectClient, deployment_ids: list[
     await client.create_automation(wanted)
 
 
+async def watch_claimed_runs(client: PrefectClient, deployment_ids: list[str]) -> int:
+    """Start the dead-run automation's watch of every run of the deployments already
+    claimed (Pending or Running) that it does not watch yet: one :data:`WATCHED` event
+    each, posted to the server. A run's watch lives in the automation's own records (its
+    buckets), which an automation deleted takes with it: without this, a run whose worker
+    died shortly before the automation was created anew (an upgrade that changed it)
+    would never be marked dead nor taken over. A run already watched is left as it is (the
+    event only starts a watch); a live run's heartbeats go on as before; a dead one is
+    marked after ``CT_DEAD_RUN_AFTER_SECONDS``. Returns how many runs it named."""
+    claimed = FlowRunFilter(
+        deployment_id=FlowRunFilterDeploymentId(any_=[UUID(d) for d in deployment_ids]),
+        state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])
+        ),
+    )
+    watched = 0
+    while page := await client.read_flow_runs(flow_run_filter=claimed, limit=_PAGE, offset=watched):
+        events = [
+            Event(
+                event=WATCHED,
+                resource={
+                    "prefect.resource.id": f"prefect.flow-run.{run.id}",
+                    "prefect.resource.name": run.name,
+                },
+                related=[
+                    {
+                        "prefect.resource.id": f"prefect.deployment.{run.deployment_id}",
+                        "prefect.resource.role": "deployment",
+                    }
+                ],
+            )
+            for run in page
+        ]
+        await client.request(
+            "POST", "/events", json=[event.model_dump(mode="json") for event in events]
+        )
+        watched += len(page)
+    return watched
+
+
 async def ensure_deployments() -> None:
-    """Create or update the pool, the deployment and the automation (idempotent; safe
-    from several processes)."""
+    """Create or update the pool, the deployments and the automation, and have the
+    automation watch the runs already claimed (idempotent; safe from several
+    processes)."""
     deployment_ids = []
     async with get_client() as client:
         await _ensure_pool(client)
@@ -134,5 +190,10 @@ async def ensure_deployments() -> None:
             runner = await catalog.runner_deployment(deployment)
             deployment_ids.append(str(await runner.aapply(work_pool_name=catalog.DELIVERY_POOL)))
         await _ensure_zombie_automation(client, deployment_ids)
+        watched = await watch_claimed_runs(client, deployment_ids)
     prefect_runs.forget_deployment_id()
-    logger.info("delivery deployments: %s", ", ".join(deployment_ids))
+    logger.info(
+        "delivery deployments: %s; runs claimed, watched for their worker's death: %d",
+        ", ".join(deployment_ids),
+        watched,
+    )

@@ -3,8 +3,10 @@
 A run claimed (Pending) that then neither sends a heartbeat nor comes to rest within the
 limit is marked dead, whether its worker died before or after the run started; a run
 that completes, or keeps sending heartbeats past the limit, is left alone; a run claimed
-again after it came to rest (a retry) is watched anew. The automation is the test's own
-copy, on a deployment of its own, with a limit of a few seconds."""
+again after it came to rest (a retry) is watched anew, and so is a run claimed before the
+automation was created (``register.watch_claimed_runs``: an upgrade that replaces it). The
+automation is the test's own copy, on a deployment of its own, with a limit of a few
+seconds."""
 
 from __future__ import annotations
 
@@ -50,15 +52,20 @@ async def test_a_claimed_run_silent_past_the_limit_is_marked_dead_and_no_other(
 ) -> None:
     async with get_client() as client:
         deployment_id = await (await watched.ato_deployment(name="watched")).aapply()
+        before = await client.create_flow_run_from_deployment(deployment_id)
+        await client.set_flow_run_state(before.id, Pending())
+        await client.set_flow_run_state(before.id, Running())
         automation = register.zombie_automation(
             deployment_ids=[str(deployment_id)], within_seconds=WITHIN
         ).model_copy(update={"name": f"test: {FLOW_NAME}"})
         automation_id = await client.create_automation(automation)
         try:
+            assert await register.watch_claimed_runs(client, [str(deployment_id)]) == 1
             names = ("claimed", "started", "completed", "beating", "retried")
             runs = {
                 name: await client.create_flow_run_from_deployment(deployment_id) for name in names
             }
+            runs["claimed before the automation"] = before
             for name in names:
                 await client.set_flow_run_state(runs[name].id, Pending())
             for name in ("started", "completed", "beating", "retried"):
@@ -79,6 +86,7 @@ async def test_a_claimed_run_silent_past_the_limit_is_marked_dead_and_no_other(
                 "completed": False,
                 "beating": False,
                 "retried": True,
+                "claimed before the automation": True,
             }, {name: await _states(client, run) for name, run in runs.items()}
         finally:
             await client.delete_automation(automation_id)
