@@ -51,10 +51,6 @@ ZOMBIE_MESSAGE: Final = prefect_runs.DEAD_RUN_MESSAGE
 # Prefect server its trigger's evaluation (reads and writes of its bucket: Running's were
 # about a tenth of the server's CPU a one-message request, docs/benchmarks.md).
 _ALIVE_EVENTS: Final = {"prefect.flow-run.heartbeat", "prefect.flow-run.Pending"}
-WATCHED: Final = "campaign-trigger.flow-run.watched"
-"""Posted for a run already claimed when the automation is created: it starts the run's
-watch as a claim does (:func:`watch_claimed_runs`)."""
-_PAGE = 200
 _AT_REST_EVENTS: Final = {
     f"prefect.flow-run.{name}"
     for name in (
@@ -69,6 +65,10 @@ _AT_REST_EVENTS: Final = {
         "AwaitingRetry",
     )
 }
+WATCHED: Final = "campaign-trigger.flow-run.watched"
+"""Posted at each worker's start for each run already claimed: it starts the watch of a run
+not watched, as a claim does (:func:`watch_claimed_runs`)."""
+_PAGE = 200
 
 
 async def _ensure_pool(client: PrefectClient) -> None:
