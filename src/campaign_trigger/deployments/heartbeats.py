@@ -42,15 +42,16 @@ RunsHeld = Callable[[], Iterable[tuple[FlowRun, str]]]
 
 def heartbeat(run: FlowRun, flow_name: str) -> Event:
     """The event Prefect's flow engine sends as a run's heartbeat."""
-    related = [
-        RelatedResource.model_validate(
-            {
-                "prefect.resource.id": f"prefect.flow.{run.flow_id}",
-                "prefect.resource.role": "flow",
-                "prefect.resource.name": flow_name,
-            }
-        )
-    ]
+    return run_event(HEARTBEAT, run, flow_name)
+
+
+def run_event(name: str, run: FlowRun, flow_name: str | None = None) -> Event:
+    """An event ``name`` of ``run``, with the related resources Prefect's engine gives its
+    heartbeat (its flow, named if ``flow_name`` is given; its deployment; its tags)."""
+    flow = {"prefect.resource.id": f"prefect.flow.{run.flow_id}", "prefect.resource.role": "flow"}
+    if flow_name is not None:
+        flow["prefect.resource.name"] = flow_name
+    related = [RelatedResource.model_validate(flow)]
     if run.deployment_id:
         related.append(
             RelatedResource.model_validate(
@@ -67,7 +68,7 @@ def heartbeat(run: FlowRun, flow_name: str) -> Event:
         for tag in sorted(set(run.tags))
     ]
     return Event(
-        event=HEARTBEAT,
+        event=name,
         resource={
             "prefect.resource.id": f"prefect.flow-run.{run.id}",
             "prefect.resource.name": run.name,

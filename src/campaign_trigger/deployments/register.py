@@ -30,13 +30,12 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
 )
 from prefect.client.schemas.objects import StateType
-from prefect.events import Event
 from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 from prefect.exceptions import ObjectAlreadyExists
 
 from campaign_trigger.config import get_settings
-from campaign_trigger.deployments import catalog
+from campaign_trigger.deployments import catalog, heartbeats
 from campaign_trigger.services import prefect_runs
 
 logger = logging.getLogger(__name__)
@@ -156,25 +155,8 @@ async def watch_claimed_runs(client: PrefectClient, deployment_ids: list[str]) -
     )
     watched = 0
     while page := await client.read_flow_runs(flow_run_filter=claimed, limit=_PAGE, offset=watched):
-        events = [
-            Event(
-                event=WATCHED,
-                resource={
-                    "prefect.resource.id": f"prefect.flow-run.{run.id}",
-                    "prefect.resource.name": run.name,
-                },
-                related=[
-                    {
-                        "prefect.resource.id": f"prefect.deployment.{run.deployment_id}",
-                        "prefect.resource.role": "deployment",
-                    }
-                ],
-            )
-            for run in page
-        ]
-        await client.request(
-            "POST", "/events", json=[event.model_dump(mode="json") for event in events]
-        )
+        events = [heartbeats.run_event(WATCHED, run).model_dump(mode="json") for run in page]
+        await client.request("POST", "/events", json=events)
         watched += len(page)
     return watched
 
