@@ -10,7 +10,8 @@
   :data:`ZOMBIE_MESSAGE`, and any live worker then takes it over (``deployments.upkeep``).
   At each start of a worker, it watches every run already claimed
   (:func:`watch_claimed_runs`): when it was created anew (its definition changed), the
-  old one's watch of them went with it.
+  old one's watch of them went with it. Workers starting at once leave one
+  (:func:`ensure_automation`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState
-from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
-from prefect.exceptions import ObjectAlreadyExists
+from prefect.events.schemas.automations import Automation, AutomationCore, EventTrigger, Posture
+from prefect.exceptions import ObjectAlreadyExists, PrefectHTTPStatusError
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import catalog, heartbeats
@@ -126,16 +127,35 @@ def zombie_automation(*, deployment_ids: list[str], within_seconds: int) -> Auto
     )
 
 
-async def _ensure_zombie_automation(client: PrefectClient, deployment_ids: list[str]) -> None:
-    wanted = zombie_automation(
-        deployment_ids=deployment_ids, within_seconds=get_settings().dead_run_after_seconds
-    )
-    existing = await client.read_automations_by_name(ZOMBIE_AUTOMATION)
+async def ensure_automation(client: PrefectClient, wanted: AutomationCore) -> bool:
+    """Leave exactly one automation named ``wanted.name``, defined as ``wanted``: create it
+    if none is, delete every other of that name (an earlier version's, or a copy made by a
+    worker starting at the same moment: each start read none and created its own, and
+    every copy then cost the Prefect server its trigger's work on each watched event and
+    acted on each dead run). Workers starting together keep the same one, the lowest id
+    among those defined as ``wanted``, so their deletions agree; one of another version,
+    made in between by a worker of that version, is left to the next start. Returns whether
+    this call created it."""
+
+    def current(automation: Automation) -> bool:
+        return automation.trigger == wanted.trigger and automation.actions == wanted.actions
+
+    existing = await client.read_automations_by_name(wanted.name)
+    created = not any(current(a) for a in existing)
+    if created:
+        await client.create_automation(wanted)
+        existing = await client.read_automations_by_name(wanted.name)
+    keep = min((a.id for a in existing if current(a)), default=None)
+    if keep is None:  # an older version starting at once replaced it: leave its own
+        return created
     for automation in existing:
-        if automation.trigger == wanted.trigger and automation.actions == wanted.actions:
-            return
-        await client.delete_automation(automation.id)
-    await client.create_automation(wanted)
+        if automation.id != keep:
+            try:
+                await client.delete_automation(automation.id)
+            except PrefectHTTPStatusError as exc:
+                if exc.response.status_code != 404:  # 404: another start deleted it first
+                    raise
+    return created
 
 
 async def watch_claimed_runs(client: PrefectClient, deployment_ids: list[str]) -> int:
@@ -171,11 +191,16 @@ async def ensure_deployments() -> None:
         for deployment in (catalog.DELIVER_REQUEST, catalog.DELIVER_CHUNKS):
             runner = await catalog.runner_deployment(deployment)
             deployment_ids.append(str(await runner.aapply(work_pool_name=catalog.DELIVERY_POOL)))
-        await _ensure_zombie_automation(client, deployment_ids)
+        wanted = zombie_automation(
+            deployment_ids=deployment_ids, within_seconds=get_settings().dead_run_after_seconds
+        )
+        created = await ensure_automation(client, wanted)
         watched = await watch_claimed_runs(client, deployment_ids)
     prefect_runs.forget_deployment_id()
     logger.info(
-        "delivery deployments: %s; runs claimed, watched for their worker's death: %d",
+        "delivery deployments: %s; dead-run automation %s; runs claimed, watched for their "
+        "worker's death: %d",
         ", ".join(deployment_ids),
+        "created" if created else "kept",
         watched,
     )

@@ -4,7 +4,8 @@ A run claimed (Pending) that then neither sends a heartbeat nor comes to rest wi
 limit is marked dead, whether its worker died before or after the run started; a run
 that completes, or keeps sending heartbeats past the limit, is left alone; a run claimed
 again after it came to rest (a retry) is watched anew, and so is a run claimed before the
-automation was created (``register.watch_claimed_runs``: an upgrade that replaces it). The
+automation was created (``register.watch_claimed_runs``: an upgrade that replaces it).
+Workers starting at once leave one automation (``register.ensure_automation``). The
 automation is the test's own copy, on a deployment of its own, with a limit of a few
 seconds."""
 
@@ -90,3 +91,36 @@ async def test_a_claimed_run_silent_past_the_limit_is_marked_dead_and_no_other(
             }, {name: await _states(client, run) for name, run in runs.items()}
         finally:
             await client.delete_automation(automation_id)
+
+
+async def test_workers_starting_at_once_leave_one_automation_of_the_current_version(
+    prefect_server: ManagedProcess,
+) -> None:
+    """Four starts at the same moment leave one automation, and a start removes an earlier
+    version's and a copy left before (each start read none current and created its own:
+    before ``ensure_automation`` converged, all four copies stayed, each marking every dead
+    run and costing the server its trigger's work)."""
+    deployment_ids, name = [str(uuid.uuid4())], f"test: {FLOW_NAME} started at once"
+    wanted, older = (
+        register.zombie_automation(deployment_ids=deployment_ids, within_seconds=within).model_copy(
+            update={"name": name}
+        )
+        for within in (WITHIN, 2 * WITHIN)
+    )
+    async with get_client() as client:
+        try:
+            created = await asyncio.gather(
+                *(register.ensure_automation(client, wanted) for _ in range(4))
+            )
+            left = await client.read_automations_by_name(wanted.name)
+            assert [a.trigger for a in left] == [wanted.trigger], created
+            # An earlier version's and a copy left by such starts before this version.
+            await client.create_automation(older)
+            await client.create_automation(wanted)
+            assert not await register.ensure_automation(client, wanted)
+            assert [a.trigger for a in await client.read_automations_by_name(wanted.name)] == [
+                wanted.trigger
+            ]
+        finally:
+            for automation in await client.read_automations_by_name(wanted.name):
+                await client.delete_automation(automation.id)
