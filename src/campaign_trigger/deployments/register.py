@@ -27,6 +27,7 @@ from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterDeploymentId,
+    FlowRunFilterId,
     FlowRunFilterState,
     FlowRunFilterStateType,
 )
@@ -167,18 +168,25 @@ async def watch_claimed_runs(client: PrefectClient, deployment_ids: list[str]) -
     would never be marked dead nor taken over. A run already watched is left as it is (the
     event only starts a watch); a live run's heartbeats go on as before; a dead one is
     marked after ``CT_DEAD_RUN_AFTER_SECONDS``. Returns how many runs it named."""
-    claimed = FlowRunFilter(
-        deployment_id=FlowRunFilterDeploymentId(any_=[UUID(d) for d in deployment_ids]),
-        state=FlowRunFilterState(
-            type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])
-        ),
+    deployments = FlowRunFilterDeploymentId(any_=[UUID(d) for d in deployment_ids])
+    claimed = FlowRunFilterState(
+        type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])
     )
-    watched = 0
-    while page := await client.read_flow_runs(flow_run_filter=claimed, limit=_PAGE, offset=watched):
+    # Paged by the runs already named, not by an offset: a run coming to rest between two
+    # pages would shift the next one by a run, never named.
+    named: list[UUID] = []
+    while page := await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            deployment_id=deployments,
+            state=claimed,
+            id=FlowRunFilterId(not_any_=named) if named else None,
+        ),
+        limit=_PAGE,
+    ):
         events = [heartbeats.run_event(WATCHED, run).model_dump(mode="json") for run in page]
         await client.request("POST", "/events", json=events)
-        watched += len(page)
-    return watched
+        named.extend(run.id for run in page)
+    return len(named)
 
 
 async def ensure_deployments() -> None:

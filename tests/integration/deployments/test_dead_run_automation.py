@@ -4,8 +4,9 @@ A run claimed (Pending) that then neither sends a heartbeat nor comes to rest wi
 limit is marked dead, whether its worker died before or after the run started; a run
 that completes, or keeps sending heartbeats past the limit, is left alone; a run claimed
 again after it came to rest (a retry) is watched anew, and so is a run claimed before the
-automation was created (``register.watch_claimed_runs``: an upgrade that replaces it).
-Workers starting at once leave one automation (``register.ensure_automation``). The
+automation was created (``register.watch_claimed_runs``: an upgrade that replaces it),
+every one of them though runs come to rest while they are read. Workers starting at once
+leave one automation (``register.ensure_automation``). The
 automation is the test's own copy, on a deployment of its own, with a limit of a few
 seconds."""
 
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any, cast
 
+import pytest
 from prefect import flow, get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun
@@ -124,3 +127,41 @@ async def test_workers_starting_at_once_leave_one_automation_of_the_current_vers
         finally:
             for automation in await client.read_automations_by_name(wanted.name):
                 await client.delete_automation(automation.id)
+
+
+class _RestingBetweenPages:
+    """The real client, through which the runs of each page read come to rest as soon as
+    it is read (a worker finishing them meanwhile), and which keeps the events posted."""
+
+    def __init__(self, client: PrefectClient, resting: int) -> None:
+        self._client, self._resting, self.posted = client, resting, list[dict[str, Any]]()
+
+    async def read_flow_runs(self, **kwargs: Any) -> list[FlowRun]:
+        page = await self._client.read_flow_runs(**kwargs)
+        for run in page[: self._resting]:
+            await self._client.set_flow_run_state(run.id, Completed())
+        return page
+
+    async def request(self, method: Any, path: Any, json: list[dict[str, Any]]) -> Any:
+        self.posted.extend(json)
+        return await self._client.request(method, path, json=json)
+
+
+async def test_every_claimed_run_is_named_though_runs_come_to_rest_between_pages(
+    prefect_server: ManagedProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paged by an offset, a run coming to rest between two pages shifted the next page by
+    one run, never named (here one of the six, pages of two, the first run of each page
+    completed as it is read)."""
+    monkeypatch.setattr(register, "_PAGE", 2)
+    async with get_client() as client:
+        deployment_id = await (await watched.ato_deployment(name="paged")).aapply()
+        runs = [await client.create_flow_run_from_deployment(deployment_id) for _ in range(6)]
+        for run in runs:
+            await client.set_flow_run_state(run.id, Pending())
+        spy = _RestingBetweenPages(client, resting=1)
+        named = await register.watch_claimed_runs(cast(PrefectClient, spy), [str(deployment_id)])
+    assert named == 6
+    assert {e["resource"]["prefect.resource.id"] for e in spy.posted} == {
+        f"prefect.flow-run.{run.id}" for run in runs
+    }
