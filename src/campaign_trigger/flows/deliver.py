@@ -83,6 +83,7 @@ async def _deliver_chunks(
     for chunk_no, last in chunks:
         async with slot(last=last):
             await deliver_chunk(quoted, chunk_no)
+        sharing.chunk_ended(plan.request_id)
         if shown is not None:
             shown.show(shown.done + 1)  # the next chunk does not wait for the Prefect API
 

@@ -55,18 +55,38 @@ from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunk
 logger = logging.getLogger(__name__)
 
 # Once the request's run has sent its own shares, the recorded chunks (a count in the
-# service's database) are looked at every RECORDED_SECONDS: the request notices its
-# last chunk within that; before, they cannot all be recorded, so they are counted only
-# as the progress bar is shown, every WAIT_SECONDS. The live shares' runs are read (a
-# call to the Prefect server) every WAIT_SECONDS while shares are left to offer and
-# workers claim them, so a claimed offer or an ended share is replaced within that;
-# twice as long after each read that found offers and none claimed (the workers are
-# busy), up to ENDED_SECONDS; once every share is taken or offered, only to notice a share that
-# ended without all of its chunks (it failed for good: the request delivers them
-# itself), every ENDED_SECONDS.
-RECORDED_SECONDS = 0.2
+# service's database) are looked at as each chunk of the request ends in this process
+# (a share run beside it: the request notices its last chunk at once) and every
+# RECORDED_SECONDS for the chunks sent elsewhere (counted every 0.2 s instead, a query in
+# a thread five times a second, the chunks of the last share, which a lone worker sends
+# beside it, took ~5 points longer than the others: docs/benchmarks.md); before, they
+# cannot all be recorded, so they are counted only as the progress bar is shown, every
+# WAIT_SECONDS. The live shares' runs are read (a call to the Prefect server) every
+# WAIT_SECONDS while shares are left to offer and workers claim them, so a claimed offer
+# or an ended share is replaced within that; twice as long after each read that found
+# offers and none claimed (the workers are busy), up to ENDED_SECONDS; once every share
+# is taken or offered, only to notice a share that ended without all of its chunks (it
+# failed for good: the request delivers them itself), every ENDED_SECONDS.
+RECORDED_SECONDS = 1.0
 WAIT_SECONDS = 1.0
 ENDED_SECONDS = 5.0
+
+
+_chunk_ends: dict[str, asyncio.Event] = {}  # the requests whose run waits, by id
+
+
+def chunk_ended(request_id: str) -> None:
+    """A chunk of the request ended (and is recorded) in this process: the request's run,
+    if it waits for its shares here, counts its chunks at once."""
+    if (ended := _chunk_ends.get(request_id)) is not None:
+        ended.set()
+
+
+async def _next_chunk_end(ended: asyncio.Event) -> None:
+    """Until a chunk of the request ends in this process, or RECORDED_SECONDS."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ended.wait(), RECORDED_SECONDS)
+    ended.clear()
 
 
 class ChunksQueue(Protocol):
@@ -279,6 +299,7 @@ async def fan_out(
         while left and len(running) < live and sum(running.values()) <= claimed:
             running[await _start_share(plan, left.pop())] = True
 
+    ended = _chunk_ends[plan.request_id] = asyncio.Event()
     try:
         await offer(0)
         progress = artifacts.Progress(chunk_count=plan.chunk_count, done=len(plan.recorded))
@@ -305,7 +326,7 @@ async def fan_out(
                 pace = WAIT_SECONDS * 2**unclaimed_reads if left else ENDED_SECONDS
                 read_at = now + min(pace, ENDED_SECONDS)
             if here.done():
-                await asyncio.sleep(RECORDED_SECONDS)
+                await _next_chunk_end(ended)
             else:  # the request cannot end before its own chunks: no count until then
                 await asyncio.wait({here}, timeout=min(show_at, read_at) - time.monotonic())
         await here  # its last chunk's task run ends after the chunk is recorded
@@ -314,6 +335,7 @@ async def fan_out(
         raise
     finally:
         here.cancel()  # a no-op once it ended; else the request's run is being stopped
+        _chunk_ends.pop(plan.request_id, None)
     progress.show(done)
     await progress.close()
     return set(range(plan.chunk_count)) - await recorded_chunks(plan.request_id)

@@ -58,14 +58,18 @@ async def _fan_out(
     already: frozenset[int] = frozenset(),
     made_before: dict[int, uuid.UUID] | None = None,
     here_fails: bool = False,
+    recorded_seconds: float = 0.01,
+    ended_beside: tuple[float, ...] = (),
 ) -> _Request:
     """A request of ``shares`` shares of one chunk each (``live`` runs not ended at a
     time), each chunk it delivers itself taking ``chunk_seconds``, for ``seconds``:
     until then no share run ends. If ``claimed``, a worker claims every offer before the
     next read (else nobody does: the request's worker is alone and busy with it).
     ``already`` recorded, ``made_before`` the share runs a run before it made (taken
-    over). If ``here_fails``, the first chunk it delivers itself fails for good."""
-    monkeypatch.setattr(fan_out, "RECORDED_SECONDS", 0.01)
+    over). If ``here_fails``, the first chunk it delivers itself fails for good. A chunk of
+    the request ends in this process (a share run beside it) at each of ``ended_beside``
+    (seconds), recorded by then."""
+    monkeypatch.setattr(fan_out, "RECORDED_SECONDS", recorded_seconds)
     monkeypatch.setattr(fan_out, "WAIT_SECONDS", 0.05)
     monkeypatch.setattr(fan_out, "ENDED_SECONDS", 0.25)
     started = time.monotonic()
@@ -118,7 +122,15 @@ async def _fan_out(
     monkeypatch.setattr(fan_out, "recorded_chunks", recorded)
     monkeypatch.setattr(artifacts, "Progress", lambda **kwargs: _Bar())
     plan = plan_of(shares, recorded=already)
+
+    async def chunks_beside() -> None:
+        for at in ended_beside:
+            await asyncio.sleep(at - (time.monotonic() - started))
+            fan_out.chunk_ended(plan.request_id)
+
+    beside = asyncio.create_task(chunks_beside())
     missing = await fan_out.fan_out(plan, per_run=1, live=live, deliver_here=deliver_here)
+    await beside
     assert missing == failed
     # no share both delivered here and made a run, nor one delivered here twice
     here = request.here_chunks
@@ -244,6 +256,27 @@ async def test_the_chunks_are_counted_every_recorded_seconds_only_once_its_own_a
     assert len(while_own) <= request.here_ended / 0.05 + 2, while_own
     assert len(after) >= 10, after  # every 0.01 s from 0.52 to 0.8 s
     assert request.counts[-1] - 0.8 < 0.05  # the end noticed at once
+
+
+async def test_a_chunk_ending_in_this_process_has_the_chunks_counted_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The last share's chunks end in a share run beside the request's (a lone worker):
+    # each end has the request count its chunks at once, and it ends with the last one
+    # (at 0.8 s), instead of counting every RECORDED_SECONDS (1 s here) and noticing its
+    # end up to that late.
+    request = await _fan_out(
+        monkeypatch,
+        shares=3,
+        seconds=0.8,
+        chunk_seconds=0.2,
+        recorded_seconds=1.0,
+        ended_beside=(0.6, 0.8),
+    )
+    assert request.here_ended < 0.6, request.here_ended
+    after = [round(t, 2) for t in request.counts if t >= request.here_ended]
+    assert request.counts[-1] < 1.2, request.counts  # the last end noticed at once
+    assert len(after) <= 3, after  # as its own chunks ended, then at each end beside it
 
 
 async def test_a_failure_making_share_runs_lets_the_requests_own_chunk_end_first(
