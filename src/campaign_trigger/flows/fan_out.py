@@ -335,7 +335,8 @@ async def fan_out(
         raise
     finally:
         here.cancel()  # a no-op once it ended; else the request's run is being stopped
-        _chunk_ends.pop(plan.request_id, None)
+        if _chunk_ends.get(plan.request_id) is ended:
+            del _chunk_ends[plan.request_id]
     progress.show(done)
     await progress.close()
     return set(range(plan.chunk_count)) - await recorded_chunks(plan.request_id)
