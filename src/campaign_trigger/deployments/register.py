@@ -10,13 +10,17 @@
   :data:`ZOMBIE_MESSAGE`, and any live worker then takes it over (``deployments.upkeep``).
   At each start of a worker, it watches every run already claimed
   (:func:`watch_claimed_runs`): when it was created anew (its definition changed), the
-  old one's watch of them went with it. Workers starting at once leave one
-  (:func:`ensure_automation`).
+  old one's watch of them went with it; and once more when the Prefect server has surely
+  loaded the automation that start created (:func:`watch_again_once_loaded`). Workers
+  starting at once leave one (:func:`ensure_automation`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
 from uuid import UUID
@@ -70,6 +74,22 @@ WATCHED: Final = "campaign-trigger.flow-run.watched"
 """Posted at each worker's start for each run already claimed: it starts the watch of a run
 not watched, as a claim does (:func:`watch_claimed_runs`)."""
 _PAGE = 200
+# Prefect's triggers service loads an automation just created by itself, after the
+# creation's commit (a task on the server's loop on SQLite, PostgreSQL's NOTIFY to the
+# services' process otherwise), and at the latest at its next look at the automations,
+# every 5 s: an event it evaluates before then is not seen by the automation, and a run
+# whose worker is already dead sends no other. The runs claimed are watched again this
+# long after a start that created the automation.
+AUTOMATION_LOADED_SECONDS: Final = 15.0
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What :func:`ensure_deployments` applied: the delivery deployments' ids, and whether
+    it created the dead-run automation."""
+
+    deployment_ids: list[str]
+    automation_created: bool
 
 
 async def _ensure_pool(client: PrefectClient) -> None:
@@ -189,7 +209,32 @@ async def watch_claimed_runs(client: PrefectClient, deployment_ids: list[str]) -
     return len(named)
 
 
-async def ensure_deployments() -> None:
+async def watch_again_once_loaded(
+    registered: Registered, stop: asyncio.Event, *, after: float = AUTOMATION_LOADED_SECONDS
+) -> None:
+    """If ``registered``'s start created the automation: ``after`` seconds on (unless
+    ``stop`` is set first), once the Prefect server has surely loaded it, watch the runs
+    claimed again (a run already watched is left as it is). Their first watch may have
+    reached the server before the automation did, and a run whose worker died before it
+    would then never be marked dead. A failure is logged: the runs keep their first
+    watch."""
+    if not registered.automation_created:
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), after)
+        return
+    try:
+        async with get_client() as client:
+            watched = await watch_claimed_runs(client, registered.deployment_ids)
+    except Exception as exc:
+        logger.warning("runs claimed not watched again by the new dead-run automation: %r", exc)
+        return
+    logger.info(
+        "runs claimed, watched again now that the dead-run automation is loaded: %d", watched
+    )
+
+
+async def ensure_deployments() -> Registered:
     """Create or update the pool, the deployments and the automation, and have the
     automation watch the runs already claimed (idempotent; safe from several
     processes)."""
@@ -212,3 +257,4 @@ async def ensure_deployments() -> None:
         "created" if created else "kept",
         watched,
     )
+    return Registered(deployment_ids, created)

@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from campaign_trigger.deployments.worker import DeliveryWorker
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 FALLBACK_SECONDS = 10.0
 NO_STREAM_SECONDS = 2.0
@@ -130,17 +131,20 @@ async def cancel_unless_processed(client: PrefectClient, run: FlowRun) -> bool:
     return False
 
 
-async def until_prefect_answers(action: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
-    """Run ``action`` until it succeeds (the Prefect server may still be starting)."""
+async def until_prefect_answers(
+    action: Callable[[], Awaitable[_T]], stop: asyncio.Event
+) -> _T | None:
+    """Run ``action`` until it succeeds (the Prefect server may still be starting): its
+    result, or None if ``stop`` was set first."""
     delay = 0.5
     while not stop.is_set():
         try:
-            await action()
-            return
+            return await action()
         except Exception as exc:
             logger.warning("Prefect not ready yet: %r", exc)
             await _sleep(stop, delay)
             delay = min(delay * 2, 10.0)
+    return None
 
 
 async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClient) -> None:

@@ -63,9 +63,15 @@ from campaign_trigger import heap, logs, metrics
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.providers import close_providers
-from campaign_trigger.deployments import catalog, heartbeats, suspension, upkeep, wakeup
+from campaign_trigger.deployments import (
+    catalog,
+    heartbeats,
+    register,
+    suspension,
+    upkeep,
+    wakeup,
+)
 from campaign_trigger.deployments.prefect_ssl import share_prefect_ssl_contexts
-from campaign_trigger.deployments.register import WORKER_TYPE, ensure_deployments
 from campaign_trigger.flows import fan_out
 from campaign_trigger.services import prefect_runs, render
 from campaign_trigger.services.delivering import sleep_until
@@ -104,7 +110,7 @@ class DeliveryResult(BaseWorkerResult):
 class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryResult]):
     """Runs ``deliver-request`` flow runs of its pool in-process."""
 
-    type = WORKER_TYPE
+    type = register.WORKER_TYPE
     job_configuration = BaseJobConfiguration
     _description = (
         "Executes campaign-trigger deliveries in the worker process itself "
@@ -501,8 +507,8 @@ async def run_worker(
     hands its slot to the next), and the upkeep loops."""
     stop = stop or asyncio.Event()
     share_prefect_ssl_contexts()
-    await upkeep.until_prefect_answers(ensure_deployments, stop)
-    if stop.is_set():
+    registered = await upkeep.until_prefect_answers(register.ensure_deployments, stop)
+    if registered is None:
         return
     name = new_worker_name()
     # A request scheduled ahead is claimed as it comes within the prefetch, at the next
@@ -553,7 +559,8 @@ async def run_worker(
             # CPU); the chunks queue also at once when a share hands on; a run ending with
             # its queue woken (a run scheduled while every slot was taken) wakes it again.
             # The cancel watch and the dead-run sweep too, when a run is cancelled or
-            # marked dead (upkeep.py).
+            # marked dead (upkeep.py). A start that created the dead-run automation has
+            # the runs claimed watched once more when the server has surely loaded it.
             fan_out.share_slots = fan_out.ShareSlots(chunk_concurrency, workers[1])
             serving = [asyncio.create_task(w.start(printer=logger.info)) for w in workers]
             sweeps = upkeep.Sweeps()
@@ -566,6 +573,7 @@ async def run_worker(
                     sweeps=sweeps,
                 ),
                 wakeup.wake_on_events(workers, sweeps, stop),
+                register.watch_again_once_loaded(registered, stop),
             )
             logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
             try:

@@ -165,3 +165,55 @@ async def test_every_claimed_run_is_named_though_runs_come_to_rest_between_pages
     assert {e["resource"]["prefect.resource.id"] for e in spy.posted} == {
         f"prefect.flow-run.{run.id}" for run in runs
     }
+
+
+async def test_runs_whose_watch_came_before_the_new_automation_are_watched_again_once_loaded(
+    prefect_server: ManagedProcess,
+) -> None:
+    """A start that created the automation watches the runs claimed at once, and that
+    watch can reach the triggers service before the automation, which it loads by itself
+    (up to 5 s later): the watch of a run whose worker is already dead was then lost for
+    good. Here each run's first watch is posted before the automation exists (lost), then
+    one deployment's runs are watched again as after a start that created it: its run is
+    marked dead, the other's (a start that kept the automation watches nothing again)
+    is not."""
+    async with get_client() as client:
+        again, kept = [
+            await (await watched.ato_deployment(name=name)).aapply()
+            for name in ("watched again", "kept")
+        ]
+        runs = {}
+        for deployment_id in (again, kept):
+            run = runs[deployment_id] = await client.create_flow_run_from_deployment(deployment_id)
+            await client.set_flow_run_state(run.id, Pending())
+            await client.set_flow_run_state(run.id, Running())
+        assert await register.watch_claimed_runs(client, [str(again), str(kept)]) == 2
+        automation = register.zombie_automation(
+            deployment_ids=[str(again), str(kept)], within_seconds=WITHIN
+        ).model_copy(update={"name": f"test: {FLOW_NAME} loaded"})
+        try:
+            assert await register.ensure_automation(client, automation)
+            started = asyncio.get_running_loop().time()
+            await asyncio.gather(
+                register.watch_again_once_loaded(
+                    register.Registered([str(again)], automation_created=True),
+                    asyncio.Event(),
+                    after=1.0,
+                ),
+                register.watch_again_once_loaded(
+                    register.Registered([str(kept)], automation_created=False), asyncio.Event()
+                ),
+            )
+            assert asyncio.get_running_loop().time() - started < 5  # not the default 15 s
+            for _ in range(3 * WITHIN):
+                if await _dead(client, runs[again]):
+                    break
+                await asyncio.sleep(1)
+            await asyncio.sleep(6)  # the trigger's next look, which would mark the other too
+            verdicts = {
+                name: await _dead(client, runs[d]) for name, d in (("again", again), ("kept", kept))
+            }
+            assert verdicts == {"again": True, "kept": False}
+        finally:
+            for found in await client.read_automations_by_name(automation.name):
+                await client.delete_automation(found.id)
