@@ -27,9 +27,10 @@ up: $(STAMP)
 # Prefect server, database and sandbox; a file's tests stay together in one process.
 # Files are handed out in the order they are collected, the end-to-end ones (the longest)
 # first: xdist's default, most tests first, left minutes-long files of a few tests for the
-# end, one process running them while the others had nothing left.
+# end, one process running them while the others had nothing left. The slowest tests are
+# named at the end: what to look at first when the suite nears CI's time.
 test: $(STAMP)
-	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow and not e2e"
