@@ -11,14 +11,12 @@
   At each start of a worker, it watches every run already claimed
   (:func:`watch_claimed_runs`): when it was created anew (its definition changed), the
   old one's watch of them went with it; and once more when the Prefect server has surely
-  loaded the automation that start created (:func:`watch_again_once_loaded`). Workers
+  loaded the automation that start created (``upkeep.watch_again_once_loaded``). Workers
   starting at once leave one (:func:`ensure_automation`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -207,31 +205,6 @@ async def watch_claimed_runs(client: PrefectClient, deployment_ids: list[str]) -
         await client.request("POST", "/events", json=events)
         named.extend(run.id for run in page)
     return len(named)
-
-
-async def watch_again_once_loaded(
-    registered: Registered, stop: asyncio.Event, *, after: float = AUTOMATION_LOADED_SECONDS
-) -> None:
-    """If ``registered``'s start created the automation: ``after`` seconds on (unless
-    ``stop`` is set first), once the Prefect server has surely loaded it, watch the runs
-    claimed again (a run already watched is left as it is). Their first watch may have
-    reached the server before the automation did, and a run whose worker died before it
-    would then never be marked dead. A failure is logged: the runs keep their first
-    watch."""
-    if not registered.automation_created:
-        return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), after)
-        return
-    try:
-        async with get_client() as client:
-            watched = await watch_claimed_runs(client, registered.deployment_ids)
-    except Exception as exc:
-        logger.warning("runs claimed not watched again by the new dead-run automation: %r", exc)
-        return
-    logger.info(
-        "runs claimed, watched again now that the dead-run automation is loaded: %d", watched
-    )
 
 
 async def ensure_deployments() -> Registered:

@@ -34,6 +34,7 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.deployments import register
 from campaign_trigger.services import (
     delivery_run,
     prefect_runs,
@@ -145,6 +146,34 @@ async def until_prefect_answers(
             await _sleep(stop, delay)
             delay = min(delay * 2, 10.0)
     return None
+
+
+async def watch_again_once_loaded(
+    registered: register.Registered,
+    stop: asyncio.Event,
+    *,
+    after: float = register.AUTOMATION_LOADED_SECONDS,
+) -> None:
+    """If ``registered``'s start created the dead-run automation: ``after`` seconds on
+    (unless ``stop`` is set first), once the Prefect server has surely loaded it, watch the
+    runs claimed again (a run already watched is left as it is). Their first watch may have
+    reached the server before the automation did, and a run whose worker died before it
+    would then never be marked dead. A failure is logged: the runs keep their first
+    watch."""
+    if not registered.automation_created:
+        return
+    await _sleep(stop, after)
+    if stop.is_set():
+        return
+    try:
+        async with get_client() as client:
+            watched = await register.watch_claimed_runs(client, registered.deployment_ids)
+    except Exception as exc:
+        logger.warning("runs claimed not watched again by the new dead-run automation: %r", exc)
+        return
+    logger.info(
+        "runs claimed, watched again now that the dead-run automation is loaded: %d", watched
+    )
 
 
 async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClient) -> None:

@@ -573,7 +573,7 @@ async def run_worker(
                     sweeps=sweeps,
                 ),
                 wakeup.wake_on_events(workers, sweeps, stop),
-                register.watch_again_once_loaded(registered, stop),
+                upkeep.watch_again_once_loaded(registered, stop),
             )
             logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
             try:

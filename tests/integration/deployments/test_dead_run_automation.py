@@ -22,7 +22,7 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import AwaitingRetry, Completed, Pending, Running
 
-from campaign_trigger.deployments import heartbeats, register
+from campaign_trigger.deployments import heartbeats, register, upkeep
 from campaign_trigger.services import prefect_runs
 from support import ManagedProcess
 
@@ -195,12 +195,12 @@ async def test_runs_whose_watch_came_before_the_new_automation_are_watched_again
             assert await register.ensure_automation(client, automation)
             started = asyncio.get_running_loop().time()
             await asyncio.gather(
-                register.watch_again_once_loaded(
+                upkeep.watch_again_once_loaded(
                     register.Registered([str(again)], automation_created=True),
                     asyncio.Event(),
                     after=1.0,
                 ),
-                register.watch_again_once_loaded(
+                upkeep.watch_again_once_loaded(
                     register.Registered([str(kept)], automation_created=False), asyncio.Event()
                 ),
             )
