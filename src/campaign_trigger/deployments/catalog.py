@@ -113,7 +113,8 @@ DEPLOYMENTS: Final = (
         name="purge-files",
         flow="maintenance:purge_files",
         description="Every night: delete uploads, message files and report files of ended "
-        "requests older than CT_REPORT_RETENTION_DAYS.",
+        "requests older than CT_REPORT_RETENTION_DAYS, and those a create left when its "
+        "process died before storing the request, once a day old.",
         schedules=(Schedule("30 3 * * *", slug="purge-files-nightly"),),
     ),
     Deployment(

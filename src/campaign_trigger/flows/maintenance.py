@@ -15,7 +15,8 @@ from campaign_trigger.tasks import maintenance
 @flow(
     name="purge-files",
     description="Delete uploads and report files of ended requests older than the retention "
-    "period (CT_REPORT_RETENTION_DAYS unless given).",
+    "period (CT_REPORT_RETENTION_DAYS unless given), and a day on what a create left "
+    "when its process died before storing the request.",
     persist_result=False,
 )
 def purge_files(
@@ -26,7 +27,11 @@ def purge_files(
     """Delete expired files; returns how many were deleted and kept."""
     days = older_than_days or get_settings().report_retention_days
     summary = maintenance.purge_expired_files(days)
-    return {"deleted": summary.deleted, "kept_for_open_requests": summary.kept_for_open_requests}
+    return {
+        "deleted": summary.deleted,
+        "kept_for_open_requests": summary.kept_for_open_requests,
+        "abandoned": summary.abandoned,
+    }
 
 
 @flow(

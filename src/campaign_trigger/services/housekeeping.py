@@ -2,7 +2,10 @@
 
 * :func:`delete_expired_files`: uploads, message files and report files older than
   the retention period, of requests that are over (processed, cancelled, failed) or
-  unknown. Files of a request still waiting or running are kept, however old.
+  unknown. Files of a request still waiting or running are kept, however old. And,
+  sooner, what a create left when its process died before storing the request (an
+  upload or a message file named by a request id that was never stored), once
+  ``ABANDONED_AFTER`` old: a part of a user's file, not kept for the retention period.
 * :func:`correct_mirrors`: requests whose database mirror lags behind their flow
   run's final state are corrected (Prefect's state wins; ``request_states``).
 * :func:`fail_stale_in_progress`: report rows still ``In progress`` long after their
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,19 +29,21 @@ from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.services import reports, request_states
-from campaign_trigger.store.files import Storage
+from campaign_trigger.store.files import ABANDONED_AFTER, Storage
 from campaign_trigger.store.models import CampaignApp, Outcome, Request, RequestState
 
 IN_PROGRESS: Final = "In progress"
 SETTLED_AS: Final = "FPErrPushFailed"
 OVER: Final = (RequestState.processed, RequestState.canceled, RequestState.failed)
 PAGE: Final = 200  # the Prefect server's largest page of flow runs
+_REQUEST_FILE: Final = re.compile(r"[0-9a-f]{32}\.(csv|arrow)")
 
 
 @dataclass(frozen=True)
 class PurgeSummary:
     deleted: int
     kept_for_open_requests: int
+    abandoned: int  # of ``deleted``: files of creates whose request was never stored
 
 
 @dataclass(frozen=True)
@@ -75,9 +81,9 @@ def request_of_key(key: str) -> str | None:
     return None
 
 
-def _old_files(storage: Storage, *, cutoff: datetime) -> dict[str, list[str]]:
-    """Request id -> keys of its files last modified before ``cutoff``."""
-    found: dict[str, list[str]] = defaultdict(list)
+def _old_files(storage: Storage, *, cutoff: datetime) -> dict[str, list[tuple[str, datetime]]]:
+    """Request id -> keys of its files last modified before ``cutoff``, each with that time."""
+    found: dict[str, list[tuple[str, datetime]]] = defaultdict(list)
     root = storage.root.rstrip("/") + "/"
     for folder in ("uploads", "messages", "reports"):
         base = storage.path(folder)
@@ -88,8 +94,16 @@ def _old_files(storage: Storage, *, cutoff: datetime) -> dict[str, list[str]]:
             request_id = request_of_key(key)
             modified = _modified(info)
             if request_id is not None and modified is not None and modified < cutoff:
-                found[request_id].append(key)
+                found[request_id].append((key, modified))
     return found
+
+
+def _written_by_a_create(key: str) -> bool:
+    """An upload or a message file named by a request id (``store.models.new_id``): what
+    a create writes before it stores its request. Not a report (written for a stored
+    request only), nor a file an operator put under ``uploads/`` for send-batch."""
+    name = key.rsplit("/", 1)[-1]
+    return key.startswith(("uploads/", "messages/")) and bool(_REQUEST_FILE.fullmatch(name))
 
 
 def _states(session: Session, request_ids: list[str]) -> dict[str, RequestState]:
@@ -107,20 +121,26 @@ def _states(session: Session, request_ids: list[str]) -> dict[str, RequestState]
 def delete_expired_files(
     *, session: Session, storage: Storage, older_than_days: int, now: datetime | None = None
 ) -> PurgeSummary:
-    """Delete the files of ended requests last written more than ``older_than_days`` ago."""
-    cutoff = (now or datetime.now(UTC)) - timedelta(days=older_than_days)
-    old = _old_files(storage, cutoff=cutoff)
+    """Delete the files of ended requests last written more than ``older_than_days`` ago,
+    and those of creates that never stored their request once ``ABANDONED_AFTER`` old."""
+    now = now or datetime.now(UTC)
+    expired = now - timedelta(days=older_than_days)
+    old = _old_files(storage, cutoff=max(expired, now - ABANDONED_AFTER))
     states = _states(session, list(old))
-    deleted = kept = 0
-    for request_id, keys in old.items():
+    deleted = kept = abandoned = 0
+    for request_id, files in old.items():
         state = states.get(request_id)
-        if state is not None and state not in OVER:
-            kept += len(keys)
-            continue
-        for key in keys:
+        for key, modified in files:
+            if state is None and _written_by_a_create(key):
+                abandoned += 1
+            elif modified >= expired:
+                continue
+            elif state is not None and state not in OVER:
+                kept += 1
+                continue
             storage.delete(key)
             deleted += 1
-    return PurgeSummary(deleted=deleted, kept_for_open_requests=kept)
+    return PurgeSummary(deleted=deleted, kept_for_open_requests=kept, abandoned=abandoned)
 
 
 def _open_requests(session: Session) -> dict[str, tuple[str, RequestState, bool]]:

@@ -23,7 +23,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 
 from sqlmodel import Session
@@ -43,12 +42,11 @@ from campaign_trigger.services import audience
 from campaign_trigger.services.delivering import ChunkJob, Rendered, push_message, render_chunk
 from campaign_trigger.services.delivery_run import delivery_plan
 from campaign_trigger.services.message_file import USER_FIELD, iter_chunks
-from campaign_trigger.store.files import Storage, messages_key
+from campaign_trigger.store.files import ABANDONED_AFTER, Storage, messages_key
 from campaign_trigger.store.models import Campaign, Channel, Platform, Request
 from campaign_trigger.store.private import private_dir
 
 PREVIEWS_DIR = "previews"
-ABANDONED_AFTER = timedelta(days=1)
 
 
 @contextmanager

@@ -9,14 +9,20 @@ keep their own access rules.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import fsspec
 from fsspec.core import url_to_fs
 
 from campaign_trigger.config import Settings
 from campaign_trigger.store.private import private_dir, private_file
+
+ABANDONED_AFTER: Final = timedelta(days=1)
+"""The age at which a file that a call was writing when its process died is deleted (a
+create's upload or message file whose request was never stored, a preview's scratch
+folder): no call writes, checks and stores for that long."""
 
 
 def upload_key(request_id: str) -> str:

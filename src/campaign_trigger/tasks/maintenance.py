@@ -17,7 +17,8 @@ from campaign_trigger.store.files import get_storage
 def purge_expired_files(
     older_than_days: int, now: datetime | None = None
 ) -> housekeeping.PurgeSummary:
-    """Delete the files of ended requests last written more than ``older_than_days`` ago."""
+    """Delete the files of ended requests last written more than ``older_than_days`` ago,
+    and those of creates that never stored their request (``housekeeping``)."""
     with session_scope() as session:
         summary = housekeeping.delete_expired_files(
             session=session,
@@ -26,9 +27,12 @@ def purge_expired_files(
             now=now,
         )
     get_run_logger().info(
-        "purged %d files older than %d days; kept %d of requests not yet over",
+        "purged %d files: %d older than %d days, %d of creates that never stored their "
+        "request; kept %d of requests not yet over",
         summary.deleted,
+        summary.deleted - summary.abandoned,
         older_than_days,
+        summary.abandoned,
         summary.kept_for_open_requests,
     )
     return summary

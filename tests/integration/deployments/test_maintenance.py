@@ -126,6 +126,30 @@ def test_purge_files_deletes_old_files_of_ended_requests_only(
     assert result["kept_for_open_requests"] >= 1
 
 
+def test_purge_files_deletes_what_a_create_left_once_a_day_old(
+    prefect_server: ManagedProcess, tenant: SeededTenant, storage: Storage
+) -> None:
+    # A create killed before it stored its request leaves its upload and its message file,
+    # named by a request id no row has: gone once a day old, not after the retention period.
+    scheduled = add_request(tenant, state=RequestState.scheduled)
+    never_stored, recent = new_id(), new_id()
+    abandoned = [
+        write(storage, upload_key(never_stored), days_old=1.1),
+        write(storage, messages_key(never_stored), days_old=1.1),
+    ]
+    kept = [
+        write(storage, upload_key(recent), days_old=0.5),  # not a day old yet
+        write(storage, upload_key(scheduled), days_old=2),  # its request is stored
+        write(storage, messages_key(scheduled), days_old=2),
+        write(storage, "uploads/daily-2026-11-30.csv", days_old=2),  # an operator's, for send-batch
+        write(storage, report_key(never_stored, tenant.app_id), days_old=2),  # only a request's
+    ]
+    result = purge_files(older_than_days=30)
+    assert [key for key in abandoned if storage.exists(key)] == []
+    assert [key for key in kept if storage.exists(key)] == kept
+    assert result["abandoned"] >= len(abandoned)
+
+
 def test_reconcile_schedules_the_outbox_and_corrects_mirrors_from_prefect(
     prefect_server: ManagedProcess, tenant: SeededTenant
 ) -> None:

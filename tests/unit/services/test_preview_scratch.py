@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from campaign_trigger.config import Settings
-from campaign_trigger.services.preview import ABANDONED_AFTER, PREVIEWS_DIR, scratch_storage
+from campaign_trigger.services.preview import PREVIEWS_DIR, scratch_storage
+from campaign_trigger.store.files import ABANDONED_AFTER
 
 
 def test_a_scratch_folder_is_private_and_gone_after_the_preview_even_when_it_fails(
