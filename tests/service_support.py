@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlmodel import Session
 
@@ -14,8 +15,10 @@ from campaign_trigger.store.models import (
     CampaignApp,
     CampaignState,
     Channel,
+    MessageSource,
     Organisation,
     Platform,
+    Request,
 )
 
 
@@ -47,3 +50,17 @@ def make_org(session: Session, *, state: CampaignState = CampaignState.started) 
     session.add(CampaignApp(campaign_id=campaign.id, app_id=app.app_id))
     session.commit()
     return Org(org_id=org.id, campaign_id=campaign.id, app_id=app.app_id)
+
+
+def add_json_request(session: Session, org: Org, *, message_count: int = 3) -> str:
+    """A request of ``org``'s campaign, JSON messages, due now (committed); its id."""
+    request = Request(
+        org_id=org.org_id,
+        campaign_id=org.campaign_id,
+        send_at=datetime.now(UTC),
+        source=MessageSource.json,
+        message_count=message_count,
+    )
+    session.add(request)
+    session.commit()
+    return request.id

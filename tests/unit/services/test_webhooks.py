@@ -20,27 +20,13 @@ from campaign_trigger.services.sealed import unseal
 from campaign_trigger.services.webhook_sender import Job, attempt, record_attempt, retry_delay
 from campaign_trigger.store.models import (
     Channel,
-    MessageSource,
     Outcome,
     Request,
     RequestState,
     WebhookAttempt,
     WebhookDelivery,
 )
-from service_support import Org, make_org
-
-
-def _request(session: Session, org: Org) -> str:
-    request = Request(
-        org_id=org.org_id,
-        campaign_id=org.campaign_id,
-        send_at=datetime.now(UTC),
-        source=MessageSource.json,
-        message_count=3,
-    )
-    session.add(request)
-    session.commit()
-    return request.id
+from service_support import Org, add_json_request, make_org
 
 
 def _deliveries(session: Session, request_id: str) -> list[WebhookDelivery]:
@@ -162,7 +148,7 @@ def test_a_final_state_queues_one_event_per_endpoint_once(
         webhooks.register(
             session=session, settings=settings, org_id=org.org_id, url=f"https://e.com/{path}"
         )
-    request_id = _request(session, org)
+    request_id = add_json_request(session, org)
     session.add_all(
         Outcome(
             request_id=request_id,
@@ -198,7 +184,7 @@ def test_processed_and_cancelled_in_the_outbox_queue_their_events(
     session: Session, settings: Settings, org: Org
 ) -> None:
     webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
-    processed = _request(session, org)
+    processed = add_json_request(session, org)
     reports.mark_processed(session=session, request_id=processed, report_paths=["reports/x.csv"])
     reports.mark_processed(session=session, request_id=processed, report_paths=["reports/x.csv"])
     session.commit()
@@ -207,7 +193,7 @@ def test_processed_and_cancelled_in_the_outbox_queue_their_events(
         "request.processed",
         ["reports/x.csv"],
     )
-    cancelled = _request(session, org)
+    cancelled = add_json_request(session, org)
     assert lifecycle._cancel_in_outbox(session, cancelled)
     [event] = _deliveries(session, cancelled)
     assert (event.event_type, event.payload["state"]) == ("request.cancelled", "cancelled")
@@ -222,7 +208,7 @@ def test_a_cancelled_or_processed_request_stays_so_with_its_one_event(
     after. Processed: a run of it taken over or retried (running, then processed again),
     a cancel or a failure after its report."""
     webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
-    request_id = _request(session, org)
+    request_id = add_json_request(session, org)
     assert set_state(session=session, request_id=request_id, state=RequestState.running)
     assert set_state(session=session, request_id=request_id, state=settled)
     assert not set_state(session=session, request_id=request_id, state=then)
@@ -237,7 +223,7 @@ def test_only_the_requests_organisation_gets_its_events(
 ) -> None:
     other = make_org(session)
     webhooks.register(session=session, settings=settings, org_id=other.org_id, url="https://o.com")
-    request_id = _request(session, org)
+    request_id = add_json_request(session, org)
     set_state(session=session, request_id=request_id, state=RequestState.canceled)
     session.commit()
     assert _deliveries(session, request_id) == []
@@ -254,7 +240,7 @@ def test_a_failed_attempt_is_recorded_and_retried_until_the_window_closes(
     session: Session, settings: Settings, org: Org, database: str
 ) -> None:
     webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
-    request_id = _request(session, org)
+    request_id = add_json_request(session, org)
     set_state(session=session, request_id=request_id, state=RequestState.failed)
     session.commit()
     [delivery] = _deliveries(session, request_id)
@@ -304,7 +290,7 @@ def test_settled_events_are_forgotten_after_the_retention_period(
     session: Session, settings: Settings, org: Org
 ) -> None:
     webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
-    old, pending, recent = (_request(session, org) for _ in range(3))
+    old, pending, recent = (add_json_request(session, org) for _ in range(3))
     for request_id in (old, pending, recent):
         set_state(session=session, request_id=request_id, state=RequestState.failed)
     session.flush()
