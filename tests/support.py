@@ -34,6 +34,17 @@ def free_port() -> int:
             return port
 
 
+def until(
+    condition: Callable[[], object], *, seconds: float = 5.0, what: str = "", every: float = 0.02
+) -> None:
+    """Poll ``condition`` every ``every`` seconds until it holds; fail with ``what`` after
+    ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what or "the condition never held"
+        time.sleep(every)
+
+
 def wait_http(url: str, *, timeout: float = 60.0, process: ManagedProcess | None = None) -> None:
     """Poll ``url`` until it answers 2xx; fail early if ``process`` died."""
     deadline = time.monotonic() + timeout

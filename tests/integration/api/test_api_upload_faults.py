@@ -10,7 +10,6 @@ old, and the request's own files are kept. A lost connection leaves no file at a
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ from campaign_trigger.services import housekeeping
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.files import ABANDONED_AFTER, Storage
 from campaign_trigger.store.models import Request
+from support import until
 
 BOUNDARY = "cut-off-boundary"
 MIB = 1 << 20
@@ -77,13 +77,6 @@ def _files(storage: Storage, folder: str) -> dict[str, int]:
     }
 
 
-def _until(found: Callable[[], bool], *, seconds: float, what: str, every: float = 0.002) -> None:
-    deadline = time.monotonic() + seconds
-    while not found():
-        assert time.monotonic() < deadline, what
-        time.sleep(every)
-
-
 def _requests_of(tenant: Tenant) -> int:
     with session_scope() as session:
         return session.exec(
@@ -124,17 +117,18 @@ def test_an_api_killed_mid_create_creates_nothing_and_the_same_call_again_create
     with _connect(server) as sock:
         if moment == "mid-upload":
             sock.sendall(_head(server, tenant, length=len(body), key=key) + body[: len(body) // 2])
-            _until(
+            until(
                 lambda: any(size >= MIB for size in _files(storage, "uploads").values()),
                 seconds=30,
                 what="no part of the upload reached storage",
             )
         else:
             sock.sendall(_head(server, tenant, length=len(body), key=key) + body)
-            _until(
+            until(
                 lambda: bool(_files(storage, "messages")),
                 seconds=60,
                 what="the request's message file was never begun",
+                every=0.002,  # killed as it begins: seconds of checking still ahead
             )
         server.process.kill()  # SIGKILL: no clean-up of any kind
 
@@ -209,12 +203,12 @@ def test_a_connection_lost_mid_upload_leaves_no_file_and_creates_nothing(
     server = start_api()
     with _connect(server) as sock:
         sock.sendall(_head(server, tenant, length=len(body), key="lost") + body[: len(body) // 2])
-        _until(
+        until(
             lambda: any(size >= MIB for size in _files(storage, "uploads").values()),
             seconds=30,
             what="no part of the upload reached storage",
         )
     # closed mid-body: the API deletes the part it stored
-    _until(lambda: not _files(storage, "uploads"), seconds=30, what="the part was left", every=0.05)
+    until(lambda: not _files(storage, "uploads"), seconds=30, what="the part was left")
     assert _requests_of(tenant) == before
     assert httpx.get(f"{server.url}/openapi.json", timeout=30).status_code == 200

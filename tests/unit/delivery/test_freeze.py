@@ -11,6 +11,7 @@ import time
 import pytest
 
 from campaign_trigger.delivery import freeze
+from support import until
 
 
 class Clock:
@@ -19,13 +20,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _until(condition: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
 
 
 def test_the_threshold_is_half_the_shortest_freeze_that_can_get_a_run_marked_dead() -> None:
@@ -52,7 +46,7 @@ def test_the_thread_finds_a_freeze_out_while_runs_are_held() -> None:
         time.sleep(3 * freeze.TICK_SECONDS)  # ticks on time: nothing
         assert frozen == []
         clock.now += 60
-        _until(lambda: frozen)
+        until(lambda: frozen)
     assert frozen[0] >= 59
 
 
@@ -125,13 +119,13 @@ def test_once_its_lease_lapses_a_process_holding_runs_sends_nothing_new_then_exi
         time.sleep(3 * freeze.TICK_SECONDS)
         assert not freeze.FENCED
         clock.now += 10.5
-        _until(lambda: freeze.FENCED)  # no new message from now on
+        until(lambda: freeze.FENCED)  # no new message from now on
         watch.check()  # the messages in flight are still answered and recorded
         held[0] = False  # their run ended meanwhile: the process exits all the same
         time.sleep(3 * freeze.TICK_SECONDS)
         assert lapsed == []
         clock.now += 5
-        _until(lambda: lapsed)
+        until(lambda: lapsed)
     assert lapsed[0] == pytest.approx(25.5)
 
 

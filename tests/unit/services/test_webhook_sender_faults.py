@@ -32,7 +32,7 @@ from campaign_trigger.store.models import (
     WebhookDelivery,
 )
 from service_support import Org, add_json_request
-from support import ManagedProcess
+from support import ManagedProcess, until
 
 pytestmark = [pytest.mark.slow]
 
@@ -107,13 +107,6 @@ def _sessions(database: str) -> Sessions:
             own.commit()
 
     return sessions
-
-
-def _until(done: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 async def _drain(
@@ -191,7 +184,7 @@ def test_a_sender_killed_mid_post_leaves_the_event_to_be_sent_again_with_its_id(
         "webhook-sender", [sys.executable, "-c", SENDER], log_dir=tmp_path, env=env
     )
     try:
-        _until(lambda: len(receiver.ids) == 1, 60, "the sender never POSTed")
+        until(lambda: len(receiver.ids) == 1, seconds=60, what="the sender never POSTed")
         sender.kill()  # SIGKILL mid-POST: no answer read, no attempt recorded
     finally:
         sender.stop()
