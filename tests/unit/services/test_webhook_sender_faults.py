@@ -60,7 +60,10 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # two senders' POSTs at once (the default 5 refused some)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.server.handle_error = lambda *args: None  # type: ignore[method-assign]  # a killed sender's POST
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
@@ -84,7 +87,7 @@ def sender_settings(settings: Settings) -> Settings:
         update={
             "secret_key": SecretStr(SECRET_KEY),
             "send_to_sandbox": True,  # a receiver on 127.0.0.1
-            "webhook_timeout_seconds": 2.0,
+            "webhook_timeout_seconds": 10.0,  # a receiver in this process, on a busy machine
             "webhook_poll_seconds": 0.05,
         }
     )
@@ -145,7 +148,9 @@ def test_two_senders_on_one_outbox_post_each_event_once(
     assert len(receiver.ids) == events
     assert set(Counter(receiver.ids).values()) == {1}  # none twice
     attempts = session.exec(select(WebhookAttempt)).all()
-    assert len(attempts) == events
+    # one answered attempt an event (one that failed before reaching the receiver, were
+    # the machine too busy, is retried: it was not received, so it is not a second copy)
+    assert len([a for a in attempts if a.status_code == 204]) == events
 
 
 # The sender of a worker process, alone in a process of its own; the lease it takes is the
