@@ -427,14 +427,20 @@ def main() -> None:
     reasons = [] if judged else [f"a median of {args.rounds}: a verdict needs {JUDGED_ROUNDS}"]
     if resolution:
         reasons.append(resolution)
+    # The ratio is the median of the rounds' own ratios (each round's flow path against
+    # the reference timed beside it, so that the machine's speed in that round cancels
+    # out), not the quotient of the two medians printed beside it. The figure gives that
+    # median overhead to a hundredth of a point: the ratio's two decimals round it away
+    # at the target's edge (+5.05 % printed as 1.05, NOT met).
     result(
         "chunk_overhead",
         f"chunk time through a worker's flow run, {args.chunks} chunks of 5,000, "
-        f"median of {args.rounds}",
-        figure=f"{statistics.median(flow_times) / args.chunks * 1000:.0f} ms per chunk",
+        f"overhead per round, median of {args.rounds}",
+        figure=f"{median:+.2%} a chunk (its time's median "
+        f"{statistics.median(flow_times) / args.chunks * 1000:.0f} ms)",
         reference=f"{ref_chunk * 1000:.0f} ms per chunk (the services alone, no Prefect)",
-        ratio=1 + median,  # the median of the rounds' ratios
-        target=f"<= {1 + TARGET:.2f}x (overhead <= {TARGET:.0%} of the chunk)",
+        ratio=1 + median,
+        target=f"overhead <= {TARGET:.0%} of the chunk (ratio <= {1 + TARGET:.2f})",
         met=median <= TARGET if judged else None,
         why="; ".join(reasons),
     )
