@@ -1,6 +1,7 @@
 """A CSV create cut off at the worst moments, through a real API process and its storage:
-SIGKILLed mid-upload (part of the file already in storage), SIGKILLed between writing the
-request's message file and storing the request, and the client's connection lost
+SIGKILLed mid-upload (part of the file already in storage), SIGKILLed while the request's
+message file is written, SIGKILLed between the two writes that make a request (its
+message file complete, the request not yet stored), and the client's connection lost
 mid-upload with the API alive.
 
 Nothing is created by a call cut off; the same call again (its Idempotency-Key) creates
@@ -77,6 +78,19 @@ def _files(storage: Storage, folder: str) -> dict[str, int]:
     }
 
 
+def _complete_message_file(storage_url: str) -> bool:
+    """Whether a message file is complete: an Arrow IPC file ends with its magic once
+    closed, the moment before its request is stored."""
+    for path in Path(storage_url, "messages").glob("*.arrow"):
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            if handle.tell() >= 6:
+                handle.seek(-6, 2)
+                if handle.read() == b"ARROW1":
+                    return True
+    return False
+
+
 def _requests_of(tenant: Tenant) -> int:
     with session_scope() as session:
         return session.exec(
@@ -103,7 +117,10 @@ def start_api(session_dir: Path, storage_url: str) -> Iterator[Callable[[], Serv
         server.process.stop()
 
 
-@pytest.mark.parametrize("moment", ["mid-upload", "between the message file and the request"])
+@pytest.mark.parametrize(
+    "moment",
+    ["mid-upload", "while the message file is written", "the message file complete"],
+)
 def test_an_api_killed_mid_create_creates_nothing_and_the_same_call_again_creates_it_once(
     start_api: Callable[[], Server], storage_url: str, tenant: Tenant, moment: str
 ) -> None:
@@ -122,13 +139,21 @@ def test_an_api_killed_mid_create_creates_nothing_and_the_same_call_again_create
                 seconds=30,
                 what="no part of the upload reached storage",
             )
-        else:
+        elif moment == "while the message file is written":
             sock.sendall(_head(server, tenant, length=len(body), key=key) + body)
             until(
                 lambda: bool(_files(storage, "messages")),
                 seconds=60,
                 what="the request's message file was never begun",
                 every=0.002,  # killed as it begins: seconds of checking still ahead
+            )
+        else:
+            sock.sendall(_head(server, tenant, length=len(body), key=key) + body)
+            until(  # killed the moment it is closed: the request's commit comes next
+                lambda: _complete_message_file(storage_url),
+                seconds=120,
+                what="the request's message file was never completed",
+                every=0.0005,
             )
         server.process.kill()  # SIGKILL: no clean-up of any kind
 
@@ -139,7 +164,7 @@ def test_an_api_killed_mid_create_creates_nothing_and_the_same_call_again_create
         assert MIB <= size < len(body), size  # a part of the file
         assert messages == {}
     else:
-        assert len(messages) == 1, messages  # begun: the kill fell while it was written
+        assert len(messages) == 1, messages  # begun, or whole: killed before storing
     cut_off = upload.removeprefix("uploads/").removesuffix(".csv")
     with session_scope() as session:
         assert session.get(Request, cut_off) is None
