@@ -21,7 +21,13 @@ Prefect server, as a user watching the UI sees them.
 stacks (``DIR/<process>.txt``, one line per stack with its sample count) and the CPU
 each process used per request.
 
-Usage: ``.venv/bin/python bench/request_rate.py [--rates 3 4 5 6] [--seconds 30]``.
+``--decide`` measures the reference first, then runs the two rates that decide the
+targets and no other: 5 /s, and exactly 1.5 times the reference's rate.
+Judged from the rates tried, a run can leave the ratio undecided (every rate below 1.5x
+held and the next one tried failed); a run with ``--decide`` cannot.
+
+Usage: ``.venv/bin/python bench/request_rate.py [--rates 3 4 5 6 | --decide]
+[--seconds 30]``.
 """
 
 from __future__ import annotations
@@ -174,9 +180,33 @@ async def _reference(runs: int, server: psutil.Process) -> tuple[float, float]:
     return rate, (sum(server.cpu_times()[:2]) - cpu_before) / runs
 
 
+def reference_of(runs: int, server: psutil.Process) -> tuple[float, float]:
+    """The reference's rate and its server CPU a run (:func:`_reference`), printed."""
+    reference, cpu = asyncio.run(_reference(runs, server))
+    print(
+        f"reference, empty flow runs with 3 task runs executed in-process: "
+        f"{reference:.2f} runs/s, Prefect server CPU {cpu * 1000:.0f} ms per run",
+        flush=True,
+    )
+    return reference, cpu
+
+
+def deciding_rates(reference: float) -> list[float]:
+    """The rates whose outcome decides both targets against ``reference`` (runs/s): the
+    target rate and the target ratio's, each exactly (a rate held at or above a target
+    meets it, one failed at or below it misses it: :func:`harness.knee_verdict`; a rate
+    rounded up that failed would decide nothing)."""
+    return sorted({TARGET_RATE, TARGET_RATIO * reference})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rates", type=float, nargs="+", default=[3.0, 4.0, 5.0, 6.0])
+    parser.add_argument(
+        "--decide",
+        action="store_true",
+        help="the reference first, then only the rates the targets name (5/s, 1.5x the reference)",
+    )
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--reference-runs", type=int, default=60)
     parser.add_argument(
@@ -186,16 +216,18 @@ def main() -> None:
     parser.add_argument("--profile-rate", type=float, default=5.0)
     args = parser.parse_args()
     with private_stack(postgres=args.postgres) as home:
-        total = int(sum(rate * args.seconds for rate in args.rates)) + 10
-        audience = seed_audience(total)
-        token = member_token(audience.org_id)
         api, sandbox, processes = start_send_now_stack(home)
         try:
             server = psutil.Process(int(os.environ[PREFECT_PID]))
+            measured = reference_of(args.reference_runs, server) if args.decide else None
+            rates = args.rates if measured is None else deciding_rates(measured[0])
+            total = int(sum(rate * args.seconds for rate in rates)) + 10
+            audience = seed_audience(total)
+            token = member_token(audience.org_id)
             users = iter(audience.users)
             sustained = 0.0
             held: dict[float, bool] = {}
-            for rate in args.rates:
+            for rate in rates:
                 _settle(audience.campaign_id)
                 batch = [next(users) for _ in range(int(rate * args.seconds))]
                 profile = None
@@ -217,7 +249,7 @@ def main() -> None:
                 held[rate] = ok
                 sustained = max(sustained, rate) if ok else sustained
                 print(
-                    f"{rate:5.1f} requests/s for {args.seconds:.0f} s: "
+                    f"{rate:5.2f} requests/s for {args.seconds:.0f} s: "
                     f"{len(latencies)}/{len(batch)} delivered; API -> provider "
                     f"p50 {statistics.median(latencies):.2f} s  p95 {p95:.2f} s  "
                     f"max {max(latencies):.2f} s  {'sustained' if ok else 'NOT sustained'}",
@@ -233,12 +265,10 @@ def main() -> None:
                         + f" (py-spy stacks in {args.profile})",
                         flush=True,
                     )
-            _settle(audience.campaign_id)
-            reference, reference_cpu = asyncio.run(_reference(args.reference_runs, server))
-            print(
-                f"reference, empty flow runs with 3 task runs executed in-process: "
-                f"{reference:.2f} runs/s, Prefect server CPU {reference_cpu * 1000:.0f} ms per run"
-            )
+            if measured is None:
+                _settle(audience.campaign_id)
+                measured = reference_of(args.reference_runs, server)
+            reference = measured[0]
             verdicts = (
                 knee_verdict(held, TARGET_RATE),
                 knee_verdict(held, TARGET_RATIO * reference),
@@ -255,9 +285,9 @@ def main() -> None:
             result(
                 "request_rate",
                 "one-message send-now requests, highest rate sustained of "
-                + ", ".join(f"{rate:g}" for rate in args.rates)
+                + ", ".join(f"{rate:g}" for rate in rates)
                 + "/s",
-                figure=f"{sustained:.1f} requests/s",
+                figure=f"{sustained:.2f} requests/s",
                 reference=f"{reference:.2f} runs/s (empty flow runs with 3 task runs, in-process)",
                 ratio=sustained / reference,
                 target=(

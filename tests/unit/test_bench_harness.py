@@ -34,6 +34,7 @@ from harness import (
     report_links,
     result,
 )
+from request_rate import deciding_rates
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
 
@@ -115,6 +116,17 @@ def test_a_rate_target_is_met_by_a_rate_held_at_or_above_it_and_missed_below_it(
     assert knee_verdict({3.0: False}, 5.0) is False
     assert knee_verdict({10.0: True, 25.0: True}, 100.0) is None
     assert knee_verdict({150.0: False}, 100.0) is None
+
+
+def test_the_deciding_rates_leave_neither_rate_target_undecided() -> None:
+    assert deciding_rates(4.27) == [5.0, 1.5 * 4.27]
+    assert deciding_rates(3.0) == [4.5, 5.0]
+    assert deciding_rates(10 / 3) == [5.0]
+    for reference in (2.77, 3.94, 4.06, 4.27, 4.49, 10 / 3):
+        rates = deciding_rates(reference)
+        for outcome in (True, False):
+            for target in (5.0, 1.5 * reference):
+                assert knee_verdict(dict.fromkeys(rates, outcome), target) is outcome
 
 
 def test_the_summary_lists_each_benchmark_with_its_results_or_their_absence() -> None:
