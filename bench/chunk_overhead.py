@@ -79,6 +79,7 @@ from harness import (
     Worker,
     create_csv_request,
     csv_bytes,
+    median_interval,
     moved_to,
     nginx_responder,
     pin_apart,
@@ -415,6 +416,11 @@ def main() -> None:
             if control:
                 control.stop()
     median = statistics.median(overheads)
+    low, high, confidence = median_interval(overheads)
+    print(
+        f"the median overhead {median:+.2%}; where the median of such rounds lies, from "
+        f"these {len(overheads)}: {low:+.1%} to {high:+.1%} ({confidence:.1%} confidence)"
+    )
     ref_chunk = statistics.median(reference_times) / args.chunks
     resolution = ""
     if controls:

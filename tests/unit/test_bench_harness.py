@@ -30,6 +30,7 @@ from harness import (
     SHARED_STACK,
     Worker,
     knee_verdict,
+    median_interval,
     private_stack,
     report_links,
     result,
@@ -116,6 +117,20 @@ def test_a_rate_target_is_met_by_a_rate_held_at_or_above_it_and_missed_below_it(
     assert knee_verdict({3.0: False}, 5.0) is False
     assert knee_verdict({10.0: True, 25.0: True}, 100.0) is None
     assert knee_verdict({150.0: False}, 100.0) is None
+
+
+def test_the_median_interval_is_the_order_statistics_that_hold_the_median() -> None:
+    # 1 Dec 00:34, chunk_overhead's 12 rounds (%): the 3rd and the 10th smallest
+    rounds = [13.0, 8.1, 6.8, 5.2, 10.5, 20.5, 4.4, 7.7, 2.1, 1.5, 8.3, 12.7]
+    low, high, confidence = median_interval(rounds)
+    assert (low, high) == (4.4, 12.7)
+    assert confidence == pytest.approx(1 - 2 * 79 / 4096)  # P(2 or fewer of 12 below), twice
+    assert median_interval(list(range(100)))[:2] == (39, 60)
+    low, high, confidence = median_interval([3.0, 1.0, 2.0])
+    assert (low, high) == (1.0, 3.0)  # the range: all that 3 values can give
+    assert confidence == 0.75
+    values = [float(v) for v in range(12)]
+    assert median_interval(values, 0.99) == (1.0, 10.0, pytest.approx(1 - 2 * 13 / 4096))
 
 
 def test_the_deciding_rates_leave_neither_rate_target_undecided() -> None:
