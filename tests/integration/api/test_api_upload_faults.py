@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from api_tenants import Server, Tenant, start_api_server
+from sqlalchemy import text
 from sqlmodel import col, func, select
 
 from campaign_trigger.services import housekeeping
-from campaign_trigger.store.db import session_scope
+from campaign_trigger.store.db import get_engine, session_scope
 from campaign_trigger.store.files import ABANDONED_AFTER, Storage
 from campaign_trigger.store.models import Request
 from support import until
@@ -98,6 +100,22 @@ def _requests_of(tenant: Tenant) -> int:
         ).one()
 
 
+@contextmanager
+def _no_request_stored() -> Iterator[None]:
+    """Hold the database's write lock (SQLite), or the requests table's (PostgreSQL): reads
+    go on, and no request is stored until the block ends."""
+    engine = get_engine()
+    with engine.connect() as connection:
+        if engine.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            connection.execute(text(f"LOCK TABLE {Request.__tablename__} IN EXCLUSIVE MODE"))
+        try:
+            yield
+        finally:
+            connection.rollback()
+
+
 @pytest.fixture
 def storage_url(tmp_path: Path) -> str:
     """The API's storage, this test's alone: the purge below looks at every file in it."""
@@ -131,7 +149,7 @@ def test_an_api_killed_mid_create_creates_nothing_and_the_same_call_again_create
     before = _requests_of(tenant)
     server = start_api()
 
-    with _connect(server) as sock:
+    with _connect(server) as sock, ExitStack() as held:
         if moment == "mid-upload":
             sock.sendall(_head(server, tenant, length=len(body), key=key) + body[: len(body) // 2])
             until(
@@ -149,11 +167,21 @@ def test_an_api_killed_mid_create_creates_nothing_and_the_same_call_again_create
             )
         else:
             sock.sendall(_head(server, tenant, length=len(body), key=key) + body)
-            until(  # killed the moment it is closed: the request's commit comes next
+            until(
+                lambda: bool(_files(storage, "messages")),
+                seconds=60,
+                what="the request's message file was never begun",
+                every=0.002,
+            )
+            # The request's insert waits on the lock, after its message file is closed:
+            # killed between the two writes, whatever the machine's speed (polled for the
+            # closed file alone, the kill came after the commit on a busy machine).
+            held.enter_context(_no_request_stored())
+            until(
                 lambda: _complete_message_file(storage_url),
                 seconds=120,
                 what="the request's message file was never completed",
-                every=0.0005,
+                every=0.005,
             )
         server.process.kill()  # SIGKILL: no clean-up of any kind
 
