@@ -21,7 +21,13 @@ from sqlmodel.sql.expression import SelectOfScalar
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
-from campaign_trigger.services import lookup, prefect_runs, request_states, webhooks
+from campaign_trigger.services import (
+    lookup,
+    prefect_runs,
+    request_states,
+    scheduling,
+    webhooks,
+)
 from campaign_trigger.services.signing import signed_url
 from campaign_trigger.store.db import in_thread
 from campaign_trigger.store.models import Campaign, Channel, Request, RequestState
@@ -69,9 +75,7 @@ def _cancel_in_outbox(session: Session, request_id: str) -> bool:
     """Cancel a request with no flow run yet, atomically against the drainer and the flow."""
     result = session.execute(
         update(Request)
-        .where(col(Request.id) == request_id)
-        .where(col(Request.flow_run_id).is_(None))
-        .where(col(Request.state) == RequestState.scheduled)
+        .where(col(Request.id) == request_id, *scheduling.in_outbox())
         .values(state=RequestState.canceled)
     )
     cancelled = bool(getattr(result, "rowcount", 0))

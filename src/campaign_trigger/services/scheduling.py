@@ -48,19 +48,19 @@ def notify_new_request(request_id: str) -> None:
     logger.debug("outbox notified (%d drainers)", len(wakers))
 
 
-def _in_outbox() -> tuple[Any, ...]:
+def in_outbox() -> tuple[Any, ...]:
     """The requests in the outbox: accepted, still scheduled, no flow run yet."""
     return (col(Request.flow_run_id).is_(None), Request.state == RequestState.scheduled)
 
 
 def outbox_depth(*, session: Session) -> int:
     """How many accepted requests wait for their flow run (the outbox's length)."""
-    return int(session.exec(select(func.count()).select_from(Request).where(*_in_outbox())).one())
+    return int(session.exec(select(func.count()).select_from(Request).where(*in_outbox())).one())
 
 
 def _outbox_batch(session: Session, limit: int) -> list[prefect_runs.RunToCreate]:
     rows = session.exec(
-        select(Request).where(*_in_outbox()).order_by(col(Request.send_at)).limit(limit)
+        select(Request).where(*in_outbox()).order_by(col(Request.send_at)).limit(limit)
     ).all()
     session.commit()  # end the read: this session lives across Prefect calls
     return [

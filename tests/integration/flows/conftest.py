@@ -1,22 +1,16 @@
 """Fixtures for the delivery flow tests: a real Prefect server with our deployment,
-the sandbox providers in a thread, and an in-process worker per test; a test's runs
-still open at its end are cancelled."""
+the sandbox providers in a thread, and an in-process worker per test."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
 
-import httpx
 import pytest
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.delivery.sandbox import running_sandbox
 from campaign_trigger.delivery.sandbox_rules import SandboxState
-from campaign_trigger.deployments.catalog import DELIVERY_POOL
 from support import ManagedProcess, free_port
 
 
@@ -70,43 +64,3 @@ async def worker(deployed: ManagedProcess, sandbox_url: str) -> AsyncIterator[No
     yield
     stop.set()
     await asyncio.wait_for(task, timeout=60)
-
-
-PAGE = 200  # the server's largest page
-OPEN_STATES = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING", "CRASHED"]
-
-
-@pytest.fixture(autouse=True)
-def no_run_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The delivery runs a test created and left open (a request scheduled ahead, a run
-    marked dead) are cancelled at its end: a later test's worker in this process would
-    claim them, deliver another test's request and take slots it counts on (a request
-    scheduled 10 minutes ahead comes due while the suite still runs)."""
-    if "deployed" not in request.fixturenames:
-        yield
-        return
-    started = datetime.now(UTC)
-    yield
-    with httpx.Client(base_url=os.environ["PREFECT_API_URL"], timeout=30) as http:
-        left: list[str] = []
-        for offset in itertools.count(0, PAGE):
-            answer = http.post(
-                "/flow_runs/filter",
-                json={
-                    "flow_runs": {"state": {"type": {"any_": OPEN_STATES}}},
-                    "work_pools": {"name": {"any_": [DELIVERY_POOL]}},
-                    "sort": "ID_DESC",
-                    "offset": offset,
-                    "limit": PAGE,
-                },
-            )
-            answer.raise_for_status()
-            page = answer.json()
-            left += [r["id"] for r in page if datetime.fromisoformat(r["created"]) >= started]
-            if len(page) < PAGE:
-                break
-        for run_id in left:
-            http.post(
-                f"/flow_runs/{run_id}/set_state",
-                json={"state": {"type": "CANCELLED", "message": "left open"}, "force": True},
-            ).raise_for_status()
