@@ -9,16 +9,13 @@ its end, so that no later test of the session sends it.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 
 from support import (
@@ -81,73 +78,6 @@ def session_database(session_dir: Path) -> str:
     return url
 
 
-def _outbox(database_url: str) -> set[str]:
-    """The ids of the requests waiting in the database's outbox for a flow run."""
-    from sqlmodel import Session, select
-
-    from campaign_trigger.services.scheduling import in_outbox
-    from campaign_trigger.store.db import engine_for
-    from campaign_trigger.store.models import Request
-
-    with Session(engine_for(database_url)) as session:
-        return set(session.exec(select(Request.id).where(*in_outbox())))
-
-
-def _cancel_in_outbox(database_url: str, ids: set[str]) -> None:
-    from sqlmodel import Session, col, update
-
-    from campaign_trigger.services.scheduling import in_outbox
-    from campaign_trigger.store.db import engine_for
-    from campaign_trigger.store.models import Request, RequestState
-
-    with Session(engine_for(database_url)) as session:
-        session.execute(
-            update(Request)
-            .where(col(Request.id).in_(ids), *in_outbox())
-            .values(state=RequestState.canceled)
-        )
-        session.commit()
-
-
-PAGE = 200  # the Prefect server's largest page
-OPEN_STATES = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING", "CRASHED"]
-
-
-def _open_delivery_runs_since(started: datetime) -> list[str]:
-    """The delivery runs created since ``started`` and not ended (a run marked dead
-    included: a worker would take it over)."""
-    from campaign_trigger.deployments.catalog import DELIVERY_POOL
-
-    left: list[str] = []
-    with httpx.Client(base_url=os.environ["PREFECT_API_URL"], timeout=30) as http:
-        for offset in itertools.count(0, PAGE):  # a cancelled run leaves the filter
-            answer = http.post(
-                "/flow_runs/filter",
-                json={
-                    "flow_runs": {"state": {"type": {"any_": OPEN_STATES}}},
-                    "work_pools": {"name": {"any_": [DELIVERY_POOL]}},
-                    "sort": "ID_DESC",
-                    "offset": offset,
-                    "limit": PAGE,
-                },
-            )
-            answer.raise_for_status()
-            page = answer.json()
-            left += [r["id"] for r in page if datetime.fromisoformat(r["created"]) >= started]
-            if len(page) < PAGE:
-                break
-    return left
-
-
-def _cancel_runs(ids: list[str]) -> None:
-    with httpx.Client(base_url=os.environ["PREFECT_API_URL"], timeout=30) as http:
-        for run_id in ids:
-            http.post(
-                f"/flow_runs/{run_id}/set_state",
-                json={"state": {"type": "CANCELLED", "message": "left open"}, "force": True},
-            ).raise_for_status()
-
-
 _prefect_server_up = False
 """Whether this process's ``prefect_server`` has answered: from then on any process of the
 test may have created delivery runs on it."""
@@ -155,19 +85,15 @@ test may have created delivery runs on it."""
 
 @pytest.fixture(autouse=True)
 def nothing_left_to_send(session_database: str) -> Iterator[None]:
-    """What a test left to be sent is cancelled at its end: the requests it added to the
-    session database's outbox and the delivery runs created during it still open (a
-    request scheduled ahead, a run marked dead, a create whose API was killed). A later
-    test's worker in this process would otherwise drain, claim and deliver them: another
-    test's request, taking slots that test counts on, or failing on a file the first test
-    never wrote (the CI run of 1 Dec). What module fixtures made before the test is kept."""
-    waiting = _outbox(session_database)
-    started = datetime.now(UTC)
+    """What a test left to be sent is cancelled at its end (``leftovers.py``): the requests
+    it added to the session database's outbox and the delivery runs created during it
+    still open (a request scheduled ahead, a run marked dead, a create whose API was
+    killed). What module fixtures made before the test is kept."""
+    from leftovers import Leftovers
+
+    leftovers = Leftovers.before(session_database)
     yield
-    if left := _outbox(session_database) - waiting:
-        _cancel_in_outbox(session_database, left)
-    if _prefect_server_up:
-        _cancel_runs(_open_delivery_runs_since(started))
+    leftovers.cancel(prefect=_prefect_server_up)
 
 
 def _create_postgres_database(prefix: str) -> str | None:
