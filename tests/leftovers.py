@@ -61,13 +61,7 @@ class Leftovers:
         if prefect:
             with httpx.Client(base_url=os.environ["PREFECT_API_URL"], timeout=30) as http:
                 for run_id in self._open_runs(http):
-                    http.post(
-                        f"/flow_runs/{run_id}/set_state",
-                        json={
-                            "state": {"type": "CANCELLED", "message": "left open"},
-                            "force": True,
-                        },
-                    ).raise_for_status()
+                    http.post(f"/flow_runs/{run_id}/set_state", json=CANCEL).raise_for_status()
 
     def _open_runs(self, http: httpx.Client) -> list[str]:
         left: list[str] = []
