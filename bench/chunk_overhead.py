@@ -34,7 +34,12 @@ against this process's during the reference (less noisy than the times: what the
 path costs the worker, whatever the machine's speed of the moment); and how often the
 worker's threads were switched out, voluntarily (to wait) and preempted, over the
 request's run, against this process's threads over the reference's chunks (each hand-over
-of work between threads is a switch or two).
+of work between threads is a switch or two); and each thread's CPU a chunk, the worker's
+from the first chunk to the last against this process's over the reference's chunks
+(named as Python names them where py-spy is installed: the thread running the event loop
+and the flow, the ``asyncio`` pool's, Prefect's event threads). Before the rounds it
+prints what the worker's threads spend idle, a second (with ``--pin`` on the CPU of both
+phases).
 
 ``--control`` also runs, in each round, the reference a second time in a second process
 of its own (started once, like the worker, and claiming its requests before the worker
@@ -88,7 +93,9 @@ from harness import (
     result,
     seed_audience,
     task_runs_recorded,
+    thread_cpu,
     thread_switches,
+    threads_spent,
     wait_processed,
 )
 
@@ -117,6 +124,27 @@ def own_switches() -> tuple[int, int]:
 def since(before: tuple[int, int], after: tuple[int, int]) -> tuple[int, int]:
     """The switches between two readings."""
     return after[0] - before[0], after[1] - before[1]
+
+
+def by_thread(spent: dict[str, float], chunks: int) -> str:
+    """``MainThread 536, asyncio_0 98, ...``: each thread's ms a chunk, the largest first,
+    those under a tenth of a millisecond left out."""
+    return ", ".join(
+        f"{name} {seconds / chunks * 1000:.1f}"
+        for name, seconds in sorted(spent.items(), key=lambda item: -item[1])
+        if seconds / chunks >= 0.0001
+    )
+
+
+def idle_worker(worker: Worker, seconds: float = 20.0) -> str:
+    """What the worker's threads spend with nothing to deliver (its upkeep loops' reads,
+    its polls): during the reference it takes that from the reference's CPU, during the
+    flow path from the run's."""
+    before, started = thread_cpu(worker.process.pid), time.monotonic()
+    time.sleep(seconds)
+    after = thread_cpu(worker.process.pid)
+    spent = threads_spent(worker.process.pid, before, after, 1 / (time.monotonic() - started))
+    return f"{sum(spent.values()) * 1000:.1f} in all; {by_thread(spent, 1)}"
 
 
 def claim(request_id: str) -> DeliveryPlan:
@@ -348,6 +376,7 @@ def main() -> None:
         try:
             asyncio.run(wait_processed(create_csv_request(audience, content), 600))  # warm
             warm.run(reference_phase(references.pop(0)))
+            print(f"the worker idle, CPU by thread, ms a second: {idle_worker(worker)}")
             for n, reference in enumerate(references):
                 # Whatever drifts within a round (the machine's speed, the database's
                 # size) would always fall on the phase run second: alternate it.
@@ -360,10 +389,11 @@ def main() -> None:
                 # before it in one round and after it in the next.
                 control_phase = control.phase() if control and flow_first else None
                 before, mine = cpu_seconds(server), cpu_seconds(this)
-                switched = own_switches()
+                switched, threads = own_switches(), thread_cpu(os.getpid())
                 with worker.unsampled():  # its sampler would run beside the reference
                     ref_phase = warm.run(reference_phase(reference))
                 ref_switches = since(switched, own_switches())
+                ref_threads = threads_spent(os.getpid(), threads, thread_cpu(os.getpid()))
                 server_ref = cpu_seconds(server) - before
                 ref_cpu = cpu_seconds(this) - mine
                 if control and not flow_first:
@@ -374,6 +404,7 @@ def main() -> None:
                     )
                 flow_phase_ = asyncio.run(flow_phase(request_id))
                 worker_cpu = worker.cpu_seconds_between(*flow_phase_.window)
+                worker_threads = worker.thread_cpu_between(*flow_phase_.window)
                 ref, flow = ref_phase.seconds, flow_phase_.seconds
                 reference_times.append(ref)
                 flow_times.append(flow)
@@ -402,6 +433,11 @@ def main() -> None:
                     f"chunk voluntarily, {switches[1] / args.chunks:.0f} preempted, over the "
                     f"request's run (the reference's process's, over its chunks: "
                     f"{ref_switches[0] / args.chunks:.0f} and {ref_switches[1] / args.chunks:.0f})"
+                )
+                print(
+                    f"  CPU by thread, ms/chunk: the worker's from the first chunk to the "
+                    f"last {by_thread(worker_threads, args.chunks)}; the reference's "
+                    f"process's over its chunks {by_thread(ref_threads, args.chunks)}"
                 )
                 if control_phase is not None:
                     controls.append(control_phase / ref - 1)

@@ -469,8 +469,8 @@ def pin_apart(cpu: int = 0) -> set[int]:
 
 
 class Worker:
-    """A ``campaign-trigger worker`` child process, its RSS and CPU time sampled every
-    20 ms."""
+    """A ``campaign-trigger worker`` child process, its RSS and CPU time (its threads'
+    each) sampled every 20 ms."""
 
     def __init__(self, home: Path, *options: str, **env: str) -> None:
         self.log_path = home / f"worker-{uuid.uuid4().hex[:6]}.log"
@@ -498,6 +498,7 @@ class Worker:
     def _start_sampler(self) -> None:
         self.peak_rss = 0
         self._cpu: list[tuple[float, float]] = []  # (time.time(), CPU seconds so far)
+        self._threads: list[dict[int, float]] = []  # each thread's, at the same samples
         self._stop = threading.Event()
         self._sampling = threading.Event()
         self._sampling.set()
@@ -514,9 +515,11 @@ class Worker:
                 try:
                     self.peak_rss = max(self.peak_rss, process.memory_info().rss)
                     times = process.cpu_times()
-                except psutil.Error:
+                    threads = thread_cpu(process.pid)
+                except (psutil.Error, FileNotFoundError):
                     return
                 self._cpu.append((time.time(), times.user + times.system))
+                self._threads.append(threads)
             time.sleep(0.02)
 
     @contextmanager
@@ -539,6 +542,16 @@ class Worker:
         assert len(inside) >= 2, (start, end, len(self._cpu))
         (first, cpu_first), (last, cpu_last) = inside[0], inside[-1]
         return (cpu_last - cpu_first) * (end - start) / (last - first)
+
+    def thread_cpu_between(self, start: float, end: float) -> dict[str, float]:
+        """Each thread's CPU seconds from ``start`` to ``end``, as
+        :meth:`cpu_seconds_between` reads the process's, by thread name (the threads
+        that ended meanwhile left out)."""
+        inside = [n for n, (t, _) in enumerate(self._cpu) if start <= t <= end]
+        assert len(inside) >= 2, (start, end, len(self._cpu))
+        first, last = self._threads[inside[0]], self._threads[inside[-1]]
+        scale = (end - start) / (self._cpu[inside[-1]][0] - self._cpu[inside[0]][0])
+        return threads_spent(self.process.pid, first, last, scale)
 
     def stop(self) -> None:
         self._stop.set()
@@ -760,3 +773,44 @@ def member_token(org_id: int) -> str:
         session.add(account)
         session.flush()
         return issue_token(settings=get_settings(), account=account)
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """The CPU seconds each live thread of process ``pid`` has run so far, by native
+    thread id (``/proc``'s scheduler statistics, in nanoseconds: exact where the
+    ``stat`` file's ticks are 10 ms)."""
+    seconds = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with suppress(FileNotFoundError):  # a thread that ended meanwhile
+            seconds[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
+    return seconds
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Process ``pid``'s Python threads' names by native thread id, read by ``py-spy
+    dump`` (none without py-spy: ``pip install py-spy``; it needs root)."""
+    spy = BIN / "py-spy"
+    if not spy.exists():
+        return {}
+    dump = subprocess.run(
+        [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, check=False
+    ).stdout
+    names = {}
+    for line in dump.splitlines():
+        if line.startswith("Thread "):  # Thread 7558 (idle): "sleeper"
+            tid, _, name = line.removeprefix("Thread ").partition(" ")
+            names[int(tid)] = name.partition(": ")[2].strip('"')
+    return names
+
+
+def threads_spent(
+    pid: int, before: dict[int, float], after: dict[int, float], scale: float = 1.0
+) -> dict[str, float]:
+    """Process ``pid``'s threads' CPU seconds between two :func:`thread_cpu` readings
+    (times ``scale``), by thread name (threads of one name summed)."""
+    names = thread_names(pid)
+    spent: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, f"thread {tid}")
+        spent[name] = spent.get(name, 0.0) + (seconds - before.get(tid, 0.0)) * scale
+    return spent
