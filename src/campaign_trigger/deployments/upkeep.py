@@ -54,6 +54,11 @@ _T = TypeVar("_T")
 FALLBACK_SECONDS = 10.0
 NO_STREAM_SECONDS = 2.0
 AGAIN_SECONDS = 1.0  # a look an event woke is made once more this much later
+# The API drains the outbox as it accepts a request; a worker's drain is for the requests
+# it could not (Prefect away, the API stopped between its commit and its drain), or that
+# this process accepted itself. Each drain is a read of the outbox in a thread: every
+# 0.5 s (a tick) they were a third of an idle worker's CPU (docs/benchmarks.md).
+RECONCILE_SECONDS = 1.0
 
 
 @dataclass
@@ -259,7 +264,6 @@ async def run_loops(
     workers: list[DeliveryWorker],
     *,
     stop: asyncio.Event,
-    poll_seconds: float,
     reconcile: bool,
     sweeps: Sweeps,
 ) -> None:
@@ -284,7 +288,7 @@ async def run_loops(
     ]
     if reconcile:
         loops.append(
-            scheduling.run_reconciler(sessions=session_scope, stop=stop, interval=poll_seconds)
+            scheduling.run_reconciler(sessions=session_scope, stop=stop, interval=RECONCILE_SECONDS)
         )
     await asyncio.gather(*loops)
 

@@ -568,7 +568,6 @@ async def run_worker(
                 upkeep.run_loops(
                     workers,
                     stop=stop,
-                    poll_seconds=poll_seconds,
                     reconcile=reconcile,
                     sweeps=sweeps,
                 ),

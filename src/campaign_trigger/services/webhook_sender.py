@@ -91,6 +91,8 @@ def claim_due(*, sessions: Sessions, settings: Settings, limit: int) -> list[Job
             .order_by(col(WebhookDelivery.next_attempt_at))
             .limit(limit)
         ).all()
+        if not due:  # most rounds: no commit, no second read
+            return []
         claimed: list[int] = []
         for delivery_id, seen in due:
             result = session.execute(
