@@ -795,11 +795,18 @@ def thread_names(pid: int) -> dict[int, str]:
     dump = subprocess.run(
         [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, check=False
     ).stdout
+    return dumped_thread_names(dump)
+
+
+def dumped_thread_names(dump: str) -> dict[int, str]:
+    """The threads' names in ``py-spy dump``'s text (``Thread 7558 (idle): "sleeper"``),
+    by the id it gives (the native one on Linux)."""
     names = {}
     for line in dump.splitlines():
-        if line.startswith("Thread "):  # Thread 7558 (idle): "sleeper"
-            tid, _, name = line.removeprefix("Thread ").partition(" ")
-            names[int(tid)] = name.partition(": ")[2].strip('"')
+        if line.startswith("Thread "):
+            tid, _, rest = line.removeprefix("Thread ").partition(" ")
+            with suppress(ValueError):  # not a thread's heading
+                names[int(tid, 0)] = rest.partition(": ")[2].strip('"')
     return names
 
 

@@ -2,7 +2,8 @@
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
 chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a worker's CPU
 between two moments from its samples, a process tree's CPU, a process's context switches
-summed over its threads, and the processes pinned apart for ``--pin``."""
+summed over its threads, each thread's CPU by name, and the processes pinned apart for
+``--pin``."""
 
 from __future__ import annotations
 
@@ -348,6 +349,55 @@ def test_a_processs_context_switches_are_summed_over_its_threads() -> None:
     assert voluntary == sum(per_thread.values())
     assert len(per_thread) == 2
     assert voluntary - main_alone >= 100
+
+
+def test_each_threads_cpu_is_read_by_its_id_and_summed_by_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two threads of one name spin 0.15 s of CPU each while the main thread waits: the
+    readings give their time to them, summed under their name, scaled as asked, and
+    little to the main thread. (The names are py-spy's where it is installed: given here.)"""
+    spun, release = threading.Barrier(3), threading.Event()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.15
+        while time.thread_time() < end:
+            pass
+        spun.wait()
+        release.wait()
+
+    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    before = harness.thread_cpu(os.getpid())
+    for spinner in spinners:
+        spinner.start()
+    try:
+        spun.wait(timeout=30)
+        after = harness.thread_cpu(os.getpid())
+    finally:
+        release.set()
+        for spinner in spinners:
+            spinner.join()
+    main = threading.main_thread().native_id
+    names = {spinner.native_id: "spinner" for spinner in spinners} | {main: "MainThread"}
+    monkeypatch.setattr(harness, "thread_names", lambda pid: names)
+    spent = harness.threads_spent(os.getpid(), before, after, scale=2.0)
+    assert spent["spinner"] == pytest.approx(0.6, abs=0.03)
+    assert spent["MainThread"] < 0.2
+
+
+def test_the_threads_names_are_read_from_py_spys_dump() -> None:
+    dump = (
+        "Process 7556: python t.py\nPython v3.11.7\n\n"
+        'Thread 7556 (idle): "MainThread"\n    <module> (t.py:5)\n'
+        'Thread 7558 (active+gil): "asyncio_0"\n    f (t.py:3)\n'
+        'Thread 0x7F2C (idle): "Thread-1 (_sample)"\n'
+        "Thread pool: not a heading\n"
+    )
+    assert harness.dumped_thread_names(dump) == {
+        7556: "MainThread",
+        7558: "asyncio_0",
+        0x7F2C: "Thread-1 (_sample)",
+    }
 
 
 def test_a_process_tree_s_cpu_counts_its_descendants_and_nothing_once_it_is_gone() -> None:
