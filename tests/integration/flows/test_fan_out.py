@@ -334,8 +334,11 @@ async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_
     # every 20 s) and the worker, its slots freed by the cancel, claimed it and sent its
     # chunks: a cancelled request went on being delivered. A share cancelled on its own
     # marked the request cancelled, and its run went on and sent that share's chunks too.
+    # 24 chunks of 2, each at least 0.5 s: seconds of them left when a share is found
+    # running, so the cancel lands before the request's end. With 12, on a slow machine
+    # (CI, 2 Dec) the request had sent its last chunk and completed first.
     tenant = seed_tenant()
-    audience = bulk_audience(tenant, users=24, prefix=f"stop-{uuid.uuid4().hex[:6]}")
+    audience = bulk_audience(tenant, users=48, prefix=f"stop-{uuid.uuid4().hex[:6]}")
     audience.devices = [d for d in audience.devices if d.app_id == tenant.android]
     add_devices(audience.devices)
     tokens = [d.token for d in audience.devices]
