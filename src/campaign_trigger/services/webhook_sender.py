@@ -91,7 +91,7 @@ def claim_due(*, sessions: Sessions, settings: Settings, limit: int) -> list[Job
             .order_by(col(WebhookDelivery.next_attempt_at))
             .limit(limit)
         ).all()
-        if not due:  # most rounds: no commit, no second read
+        if not due:  # most rounds: nothing to lease, so no second read and no commit here
             return []
         claimed: list[int] = []
         for delivery_id, seen in due:
