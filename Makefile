@@ -23,14 +23,20 @@ $(STAMP): pyproject.toml requirements.lock Makefile
 up: $(STAMP)
 	$(BIN)/campaign-trigger up
 
-# The test files side by side, one process per core (at most 4), each with its own
-# Prefect server, database and sandbox; a file's tests stay together in one process.
+# The test files side by side, one process per core and one more (at most 4), each with
+# its own Prefect server, database and sandbox; a file's tests stay together in one
+# process. The extra process fills the cores while the others' tests wait (Prefect marking
+# a killed worker's run dead takes 40 s a takeover test): with one process per core they
+# stood 30 % idle over a run, and the suite took 1,231 s on 2 cores; with three, 982 s
+# (2 Dec; docs/benchmarks.md).
 # Files are handed out in the order they are collected, the end-to-end ones (the longest)
 # first: xdist's default, most tests first, left minutes-long files of a few tests for the
 # end, one process running them while the others had nothing left. The slowest tests are
 # named at the end: what to look at first when the suite nears CI's time.
+TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(min(len(os.sched_getaffinity(0)) + 1, 4))')
+
 test: $(STAMP)
-	$(BIN)/pytest -n logical --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow and not e2e"
