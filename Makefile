@@ -33,7 +33,8 @@ up: $(STAMP)
 # first: xdist's default, most tests first, left minutes-long files of a few tests for the
 # end, one process running them while the others had nothing left. The slowest tests are
 # named at the end: what to look at first when the suite nears CI's time.
-TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; print(min(len(os.sched_getaffinity(0)) + 1, 4))')
+# The cores this process may use (sched_getaffinity, Linux), else the machine's (macOS).
+TEST_PROCESSES ?= $(shell $(PYTHON) -c 'import os; n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1; print(min(n + 1, 4))')
 
 test: $(STAMP)
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=15
