@@ -186,8 +186,10 @@ def idle_seconds(spans: list[tuple[float, float]]) -> float:
     return idle
 
 
-async def reference_phase(plan: DeliveryPlan) -> Phase:
-    """Every chunk of the request delivered with the services alone."""
+async def reference_spans(plan: DeliveryPlan) -> list[tuple[float, float]]:
+    """Every chunk of the request delivered with the services alone, one after the other,
+    as the ``deliver chunk`` task's body does; each chunk's start and end
+    (``time.time()``)."""
     from campaign_trigger.config import get_settings
     from campaign_trigger.services import delivering, message_file
     from campaign_trigger.store.db import session_scope
@@ -196,10 +198,9 @@ async def reference_phase(plan: DeliveryPlan) -> Phase:
     settings = get_settings()
     storage = get_storage(settings)
     request_id = plan.request_id
-    started = time.monotonic()
-    chunks: list[float] = []
+    spans: list[tuple[float, float]] = []
     for chunk_no in range(plan.chunk_count):
-        chunk_started = time.monotonic()
+        chunk_started = time.time()
         chunk = await asyncio.to_thread(
             message_file.read_chunk,
             storage=storage,
@@ -211,13 +212,21 @@ async def reference_phase(plan: DeliveryPlan) -> Phase:
                 session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
             )
         assert not result.skipped
-        chunks.append(time.monotonic() - chunk_started)
-    return Phase(time.monotonic() - started, chunks)
+        spans.append((chunk_started, time.time()))
+    return spans
 
 
-async def flow_phase(request_id: str) -> Phase:
-    """From the end of ``prepare delivery`` to the end of the last chunk, read from the
-    task runs of the request's run and of its shares."""
+async def reference_phase(plan: DeliveryPlan) -> Phase:
+    """Every chunk of the request delivered with the services alone."""
+    started = time.monotonic()
+    spans = await reference_spans(plan)
+    return Phase(time.monotonic() - started, [end - start for start, end in spans])
+
+
+async def chunk_task_spans(request_id: str) -> tuple[float, list[tuple[float, float]]]:
+    """When the request's ``prepare delivery`` task run ended, and each ``deliver chunk``
+    task run's start and end (``time.time()`` values), read from the task runs of the
+    request's run and of its shares."""
     from prefect import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -239,18 +248,24 @@ async def flow_phase(request_id: str) -> Phase:
         )
     prepared = [t.end_time for t in tasks if t.name == "prepare delivery" and t.end_time]
     assert len(prepared) == 1, prepared
-    spans = [
-        ((t.start_time - prepared[0]).total_seconds(), (t.end_time - prepared[0]).total_seconds())
+    spans = sorted(
+        (t.start_time.timestamp(), t.end_time.timestamp())
         for t in tasks
         if t.name.startswith("deliver chunk ") and t.start_time and t.end_time
-    ]
-    origin = prepared[0].timestamp()
+    )
+    return prepared[0].timestamp(), spans
+
+
+async def flow_phase(request_id: str) -> Phase:
+    """From the end of ``prepare delivery`` to the end of the last chunk, read from the
+    task runs of the request's run and of its shares."""
+    origin, spans = await chunk_task_spans(request_id)
     return Phase(
-        seconds=max(end for _, end in spans),
+        seconds=max(end for _, end in spans) - origin,
         chunks=[end - start for start, end in spans],
-        first_after=min(start for start, _ in spans),
+        first_after=min(start for start, _ in spans) - origin,
         idle=idle_seconds(spans),
-        window=(origin + min(s for s, _ in spans), origin + max(e for _, e in spans)),
+        window=(min(start for start, _ in spans), max(end for _, end in spans)),
     )
 
 

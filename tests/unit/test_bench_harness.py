@@ -1,6 +1,7 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
-chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a worker's CPU
+chunk path's idle time as ``chunk_overhead`` reads it from the task runs, two processes'
+CPU a chunk over the window where both deliver (``chunk_pair``), a worker's CPU
 between two moments from its samples, a process tree's CPU, a process's context switches
 summed over its threads, each thread's CPU by name, and the processes pinned apart for
 ``--pin``."""
@@ -26,6 +27,7 @@ sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import harness
 from chunk_overhead import idle_seconds
+from chunk_pair import Sampler, chunks_inside
 from harness import (
     PREFECT_PID,
     SHARED_STACK,
@@ -215,6 +217,29 @@ def test_the_idle_time_between_chunks_counts_only_where_no_chunk_runs() -> None:
     assert idle_seconds(spans) == pytest.approx(0.5)
     assert idle_seconds([(0.0, 1.0)]) == 0.0
     assert idle_seconds([(0.0, 1.0), (0.2, 0.4), (1.25, 2.0)]) == pytest.approx(0.25)
+
+
+def test_the_chunks_inside_a_window_count_a_chunk_partly_inside_by_its_share() -> None:
+    spans = [(0.0, 1.0), (1.0, 3.0), (3.0, 4.0), (4.0, 4.0)]  # the last: no span at all
+    assert chunks_inside(spans, 0.0, 4.0) == pytest.approx(3.0)
+    assert chunks_inside(spans, 0.5, 2.0) == pytest.approx(0.5 + 0.5)
+    assert chunks_inside(spans, 5.0, 6.0) == 0.0
+
+
+def test_a_pairs_cpu_a_chunk_is_read_over_the_samples_where_both_deliver() -> None:
+    sampler = Sampler.__new__(Sampler)  # no thread: its samples only
+    # the first delivers 1 chunk a second from 0 to 10 s, the second 2 a second from 2 s
+    first = [(float(n), n + 1.0) for n in range(10)]
+    second = [(2.0 + n / 2, 2.5 + n / 2) for n in range(20)]
+    # CPU: 0.3 s a second for the first, 0.4 for the second; a sample every 0.5 s
+    sampler.samples = [(t / 2, 0.3 * t / 2, 0.4 * t / 2) for t in range(0, 25)]
+    seconds, mine, theirs, done = sampler.per_chunk(first, second)
+    assert seconds == pytest.approx(8.0)  # 2 s to 10 s, where both deliver
+    assert done == pytest.approx(8.0)
+    assert mine == pytest.approx(0.3)
+    assert theirs == pytest.approx(0.2)
+    with pytest.raises(AssertionError, match="at the same time"):
+        sampler.per_chunk(first[:2], second)
 
 
 def test_a_workers_cpu_between_two_times_is_read_from_its_samples_inside_them() -> None:
