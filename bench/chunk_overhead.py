@@ -70,16 +70,17 @@ import contextlib
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
 from harness import (
     PREFECT_PID,
+    Answering,
     Audience,
     Worker,
     create_csv_request,
@@ -102,6 +103,7 @@ from harness import (
 if TYPE_CHECKING:
     from campaign_trigger.services.delivery_run import DeliveryPlan
 
+T = TypeVar("T")
 TARGET = 0.05
 # One round swings by ±15 % with the machine's speed of the moment, and the medians of runs
 # of 6 rounds of the same code differed by up to 7 points (docs/benchmarks.md): fewer
@@ -275,50 +277,36 @@ class Control:
     does at each :meth:`phase`."""
 
     def __init__(self, request_ids: list[str]) -> None:
-        from campaign_trigger.stack import die_with_parent
-
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve-reference", *request_ids],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=die_with_parent,
+        self.child = Answering(
+            [sys.executable, __file__, "--serve-reference", *request_ids], "the control process"
         )
-        assert self._line() == "ready", "the control process did not start"
-
-    def _line(self) -> str:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the control process ended ({self.process.wait()})")
-        return line.strip()
 
     def phase(self) -> float:
         """The next request's chunk phase in the control process, in seconds."""
-        assert self.process.stdin is not None
-        self.process.stdin.write("\n")
-        self.process.stdin.flush()
-        return float(self._line())
+        return float(self.child.ask())
 
     def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait(timeout=60)
+        self.child.stop()
 
 
-def serve_reference(request_ids: list[str]) -> None:
-    """The control process: claim every request, deliver the first (a warm-up), say
-    ``ready``, then deliver one request's chunks per line read and print the phase's
-    seconds, every phase on the warm-up's event loop."""
+def serve_requests(
+    request_ids: list[str],
+    deliver: Callable[[DeliveryPlan], Coroutine[Any, Any, T]],
+    answer: Callable[[T], str],
+) -> None:
+    """A second process's part (:class:`harness.Answering`): claim every request, deliver
+    the first (a warm-up), say ``ready``, then deliver one request per line read and print
+    ``answer`` of what ``deliver`` returned, every request on the warm-up's event loop (its
+    providers stay open between requests, as a worker's do)."""
     from campaign_trigger.deployments.worker import settle_collector
 
     settle_collector()
     warm_up, *plans = [claim(request_id) for request_id in request_ids]
-    with asyncio.Runner() as warm:  # the providers stay open between phases
-        warm.run(reference_phase(warm_up))
+    with asyncio.Runner() as warm:
+        warm.run(deliver(warm_up))
         print("ready", flush=True)
         for plan, _ in zip(plans, sys.stdin, strict=False):
-            print(warm.run(reference_phase(plan)).seconds, flush=True)
+            print(answer(warm.run(deliver(plan))), flush=True)
 
 
 def flow_round(
@@ -352,7 +340,7 @@ def main() -> None:
     parser.add_argument("--serve-reference", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_reference is not None:
-        serve_reference(args.serve_reference)
+        serve_requests(args.serve_reference, reference_phase, lambda phase: str(phase.seconds))
         return
     users = args.chunks * 5000
     overheads: list[float] = []

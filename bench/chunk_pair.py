@@ -42,15 +42,15 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from chunk_overhead import chunk_task_spans, claim, reference_spans
+from chunk_overhead import chunk_task_spans, reference_spans, serve_requests
 from harness import (
+    Answering,
     Worker,
     create_csv_request,
     csv_bytes,
@@ -112,57 +112,23 @@ async def engine_spans(plan: DeliveryPlan) -> Spans:
     return spans
 
 
-def contend(how: str, request_ids: list[str]) -> None:
-    """The contender process: claim every request, deliver the first (a warm-up), say
-    ``ready``, then deliver one request per line read and print its chunks' spans (JSON),
-    every request on the warm-up's event loop (its providers stay open, as a worker's)."""
-    from campaign_trigger.deployments.worker import settle_collector
-
-    settle_collector()
-    deliver = engine_spans if how == "engine" else reference_spans
-    warm_up, *plans = [claim(request_id) for request_id in request_ids]
-    with asyncio.Runner() as loop:
-        loop.run(deliver(warm_up))
-        print("ready", flush=True)
-        for plan, _ in zip(plans, sys.stdin, strict=False):
-            print(json.dumps(loop.run(deliver(plan))), flush=True)
-
-
 class Contender:
-    """The contender process (:func:`contend`), started on this process's CPU; its logs
-    (Prefect's console lines, with ``engine``) in ``log_path``."""
+    """The contender process, started on this process's CPU, with its requests: it claims
+    them, warms up with the first, then delivers one at each :meth:`deliver`
+    (``chunk_overhead.serve_requests``); its logs (Prefect's console lines, with
+    ``engine``) in ``log_path``."""
 
     def __init__(self, how: str, request_ids: list[str], log_path: Path) -> None:
-        from campaign_trigger.stack import die_with_parent
-
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--contend", how, *request_ids],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log_path.open("wb"),
-            text=True,
-            preexec_fn=die_with_parent,
+        self.child = Answering(
+            [sys.executable, __file__, "--contend", how, *request_ids], "the contender", log_path
         )
-        assert self._line() == "ready", "the contender did not start"
-
-    def _line(self) -> str:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the contender ended ({self.process.wait()})")
-        return line.strip()
 
     def deliver(self) -> Spans:
         """Its next request delivered: its chunks' spans."""
-        assert self.process.stdin is not None
-        self.process.stdin.write("\n")
-        self.process.stdin.flush()
-        return [(start, end) for start, end in json.loads(self._line())]
+        return [(start, end) for start, end in json.loads(self.child.ask())]
 
     def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait(timeout=60)
+        self.child.stop()
 
 
 class Sampler:
@@ -205,7 +171,10 @@ def main() -> None:
     parser.add_argument("--contend", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.contend:
-        contend(args.contend[0], args.contend[1:])
+        how, *request_ids = args.contend
+        serve_requests(
+            request_ids, engine_spans if how == "engine" else reference_spans, json.dumps
+        )
         return
     worker_env = dict(pair.split("=", 1) for pair in args.worker_env)
     ratios: list[float] = []
@@ -229,7 +198,7 @@ def main() -> None:
                     f"{worker_env or 'as is'}"
                 )
                 for n in range(args.rounds):
-                    sampler = Sampler((worker.process.pid, contender.process.pid), away)
+                    sampler = Sampler((worker.process.pid, contender.child.process.pid), away)
                     request_id = create_csv_request(audience, content)
                     time.sleep(CONTENDER_DELAY)
                     theirs = contender.deliver()

@@ -468,6 +468,43 @@ def pin_apart(cpu: int = 0) -> set[int]:
     return others
 
 
+class Answering:
+    """A child process (``command``) that prints ``ready`` once started, then answers each
+    line written to it with one line of its own: a benchmark's second process driven
+    round by round. Its standard error goes to ``log_path`` (this process's without)."""
+
+    def __init__(self, command: list[str], what: str, log_path: Path | None = None) -> None:
+        self.what = what
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_path.open("wb") if log_path else None,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
+        assert self._line() == "ready", f"{what} did not start"
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.what} ended ({self.process.wait()})")
+        return line.strip()
+
+    def ask(self) -> str:
+        """Its answer to the next line."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        return self._line()
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
 class Worker:
     """A ``campaign-trigger worker`` child process, its RSS and CPU time (its threads'
     each) sampled every 20 ms."""
