@@ -153,8 +153,8 @@ class Sampler:
     def per_chunk(self, first: Spans, second: Spans) -> tuple[float, float, float, float]:
         """Over the samples where both deliver: the window's seconds, each process's CPU
         seconds a chunk, and the chunks the first delivered in it."""
-        start = max(first[0][0], second[0][0])
-        end = min(first[-1][1], second[-1][1])
+        start = max(min(begin for begin, _ in spans) for spans in (first, second))
+        end = min(max(stop for _, stop in spans) for spans in (first, second))
         inside = [sample for sample in self.samples if start <= sample[0] <= end]
         assert len(inside) >= 2, "the two did not deliver at the same time"
         (t0, a0, b0), (t1, a1, b1) = inside[0], inside[-1]

@@ -233,7 +233,8 @@ def test_a_pairs_cpu_a_chunk_is_read_over_the_samples_where_both_deliver() -> No
     second = [(2.0 + n / 2, 2.5 + n / 2) for n in range(20)]
     # CPU: 0.3 s a second for the first, 0.4 for the second; a sample every 0.5 s
     sampler.samples = [(t / 2, 0.3 * t / 2, 0.4 * t / 2) for t in range(0, 25)]
-    seconds, mine, theirs, done = sampler.per_chunk(first, second)
+    # in no particular order (a worker's task runs read back, shares among them)
+    seconds, mine, theirs, done = sampler.per_chunk(first[::-1], second)
     assert seconds == pytest.approx(8.0)  # 2 s to 10 s, where both deliver
     assert done == pytest.approx(8.0)
     assert mine == pytest.approx(0.3)
