@@ -55,8 +55,14 @@ nothing of the benchmark's takes turns with either phase's chunks. On the
 2-core machine a run's rounds then scatter about half as much (27 Nov: 5 to 7 points
 between a run's lowest and highest round, against 12).
 
+``--bare`` has the worker deliver every chunk without its task run
+(``bench/bare_chunks.py``: the body awaited in an empty context, inside the request's run
+and its shares as they are), the chunks' spans read from its log: the same comparison
+with no chunk orchestrated, a diagnostic with no verdict. What it finds above the
+reference is not the chunks' task runs (``chunk_interleaved.py`` measures those alone).
+
 Usage: ``.venv/bin/python bench/chunk_overhead.py [--chunks 10] [--rounds 12] [--control]
-[--pin]`` (fewer than 12 rounds print figures but no verdict);
+[--pin] [--bare]`` (fewer than 12 rounds print figures but no verdict);
 ``--chunks 40`` measures the fan-out path (4 shares of 10; with the worker's one chunk
 slot the request's run delivers the first three itself and offers the last, which the
 worker claims as a share run while the request's own last chunk is sent).
@@ -74,10 +80,12 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
+from bare_chunks import BARE, CHUNK_LOG, WORKER, deliver_chunk_body, read_chunks
 from harness import (
     PREFECT_PID,
     Answering,
@@ -189,31 +197,12 @@ def idle_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 async def reference_spans(plan: DeliveryPlan) -> list[tuple[float, float]]:
-    """Every chunk of the request delivered with the services alone, one after the other,
-    as the ``deliver chunk`` task's body does; each chunk's start and end
-    (``time.time()``)."""
-    from campaign_trigger.config import get_settings
-    from campaign_trigger.services import delivering, message_file
-    from campaign_trigger.store.db import session_scope
-    from campaign_trigger.store.files import get_storage, messages_key
-
-    settings = get_settings()
-    storage = get_storage(settings)
-    request_id = plan.request_id
+    """Every chunk of the request delivered with the services alone, one after the other;
+    each chunk's start and end (``time.time()``)."""
     spans: list[tuple[float, float]] = []
     for chunk_no in range(plan.chunk_count):
         chunk_started = time.time()
-        chunk = await asyncio.to_thread(
-            message_file.read_chunk,
-            storage=storage,
-            key=messages_key(request_id),
-            chunk_no=chunk_no,
-        )
-        with session_scope() as session:
-            result = await delivering.process_chunk(
-                session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
-            )
-        assert not result.skipped
+        await deliver_chunk_body(plan, chunk_no)
         spans.append((chunk_started, time.time()))
     return spans
 
@@ -258,10 +247,13 @@ async def chunk_task_spans(request_id: str) -> tuple[float, list[tuple[float, fl
     return prepared[0].timestamp(), spans
 
 
-async def flow_phase(request_id: str) -> Phase:
+async def flow_phase(request_id: str, chunk_log: Path | None = None) -> Phase:
     """From the end of ``prepare delivery`` to the end of the last chunk, read from the
-    task runs of the request's run and of its shares."""
+    task runs of the request's run and of its shares (the chunks' spans from
+    ``chunk_log`` instead, for a worker that delivers them bare: ``--bare``)."""
     origin, spans = await chunk_task_spans(request_id)
+    if chunk_log is not None:
+        spans = [(chunk.start, chunk.end) for chunk in read_chunks(chunk_log, request_id)]
     return Phase(
         seconds=max(end for _, end in spans) - origin,
         chunks=[end - start for start, end in spans],
@@ -337,6 +329,7 @@ def main() -> None:
     parser.add_argument("--chunk-concurrency", type=int, default=1)
     parser.add_argument("--control", action="store_true")
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--bare", action="store_true")
     parser.add_argument("--serve-reference", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_reference is not None:
@@ -373,7 +366,11 @@ def main() -> None:
         reference_times: list[float] = []
         flow_times: list[float] = []
         server = psutil.Process(int(os.environ[PREFECT_PID]))  # the stack's, shared or not
-        worker = Worker(home, "--chunk-concurrency", str(args.chunk_concurrency), **provider)
+        chunk_log = home / "chunks.log" if args.bare else None
+        bare = {"command": WORKER, CHUNK_LOG: str(chunk_log), BARE: "every"} if args.bare else {}
+        worker = Worker(
+            home, "--chunk-concurrency", str(args.chunk_concurrency), **bare, **provider
+        )
         this = psutil.Process()
         warm = asyncio.Runner()  # one loop for every reference phase (module docstring)
         try:
@@ -405,7 +402,7 @@ def main() -> None:
                     request_id, server_flow, switches = flow_round(
                         audience, content, server, worker, away
                     )
-                flow_phase_ = asyncio.run(flow_phase(request_id))
+                flow_phase_ = asyncio.run(flow_phase(request_id, chunk_log))
                 worker_cpu = worker.cpu_seconds_between(*flow_phase_.window)
                 worker_threads = worker.thread_cpu_between(*flow_phase_.window)
                 ref, flow = ref_phase.seconds, flow_phase_.seconds
@@ -468,8 +465,10 @@ def main() -> None:
             f"median, {min(controls):+.1%} to {max(controls):+.1%} in single rounds"
         )
         print(f"control: {resolution}")
-    judged = args.rounds >= JUDGED_ROUNDS
+    judged = args.rounds >= JUDGED_ROUNDS and not args.bare
     reasons = [] if judged else [f"a median of {args.rounds}: a verdict needs {JUDGED_ROUNDS}"]
+    if args.bare:
+        reasons = ["--bare: no chunk as a task run, a diagnostic"]
     if resolution:
         reasons.append(resolution)
     # The ratio is the median of the rounds' own ratios (each round's flow path against
@@ -479,7 +478,8 @@ def main() -> None:
     # at the target's edge (+5.05 % printed as 1.05, NOT met).
     result(
         "chunk_overhead",
-        f"chunk time through a worker's flow run, {args.chunks} chunks of 5,000, "
+        f"chunk time through a worker's flow run{' (every chunk bare)' if args.bare else ''}, "
+        f"{args.chunks} chunks of 5,000, "
         f"overhead per round, median of {args.rounds}",
         figure=f"{median:+.2%} a chunk (its time's median "
         f"{statistics.median(flow_times) / args.chunks * 1000:.0f} ms)",

@@ -509,14 +509,15 @@ class Worker:
     """A ``campaign-trigger worker`` child process, its RSS and CPU time (its threads'
     each) sampled every 20 ms."""
 
-    def __init__(self, home: Path, *options: str, **env: str) -> None:
+    def __init__(
+        self, home: Path, *options: str, command: list[str] | None = None, **env: str
+    ) -> None:
+        """``command``: what runs ``campaign-trigger worker`` with the options that follow
+        it (``python -m campaign_trigger.cli worker`` unless given)."""
         self.log_path = home / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.process = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "campaign_trigger.cli",
-                "worker",
+                *(command or [sys.executable, "-m", "campaign_trigger.cli", "worker"]),
                 "--concurrency",
                 "4",
                 *options,

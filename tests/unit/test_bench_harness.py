@@ -1,6 +1,7 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
-chunk path's idle time as ``chunk_overhead`` reads it from the task runs, two processes'
+chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a round of
+chunks delivered two ways in one run (``chunk_interleaved``), two processes'
 CPU a chunk over the window where both deliver (``chunk_pair``), a worker's CPU
 between two moments from its samples, a process tree's CPU, a process's context switches
 summed over its threads, each thread's CPU by name, and the processes pinned apart for
@@ -26,6 +27,8 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import harness
+from bare_chunks import Chunk, read_chunks
+from chunk_interleaved import round_of
 from chunk_overhead import idle_seconds
 from chunk_pair import Sampler, chunks_inside
 from harness import (
@@ -217,6 +220,36 @@ def test_the_idle_time_between_chunks_counts_only_where_no_chunk_runs() -> None:
     assert idle_seconds(spans) == pytest.approx(0.5)
     assert idle_seconds([(0.0, 1.0)]) == 0.0
     assert idle_seconds([(0.0, 1.0), (0.2, 0.4), (1.25, 2.0)]) == pytest.approx(0.25)
+
+
+def test_a_rounds_overhead_is_its_pairs_median_plus_the_time_no_chunk_ran(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "chunks.log"
+    log.write_text(
+        "other 0 task 0.0 9.0\n"  # another request's: not this round's
+        "r 1 task 1.0 2.1\n"  # in the log as the worker ended them, not in chunk order
+        "r 0 bare 0.0 1.0\n"
+        "r 2 bare 2.2 3.2\n"  # 0.1 s with no chunk running before it
+        "r 3 task 3.2 4.0\n"
+        "r 4 task 4.0 5.2\n"
+        "r 5 bare 5.2 6.2\n"
+    )
+    chunks = read_chunks(log, "r")
+    assert [chunk.number for chunk in chunks] == [0, 1, 2, 3, 4, 5]
+    assert chunks[0] == Chunk(0, bare=True, start=0.0, end=1.0)
+    this = round_of(chunks)
+    # pairs (0, 1), (2, 3), (4, 5), each task against its own pair's bare chunk
+    assert this.pairs == pytest.approx([0.1, -0.2, 0.2])
+    assert (this.task_ms, this.bare_ms) == pytest.approx((1100, 1000))
+    assert this.idle == pytest.approx(0.1)
+    assert this.idle_share == pytest.approx(0.1 / 6 / 1.0)
+    assert this.overhead == pytest.approx(0.1 + 0.1 / 6)
+
+
+def test_a_pair_of_two_chunks_of_one_kind_is_refused() -> None:
+    with pytest.raises(AssertionError):
+        round_of([Chunk(0, True, 0.0, 1.0), Chunk(1, True, 1.0, 2.0)])
 
 
 def test_the_chunks_inside_a_window_count_a_chunk_partly_inside_by_its_share() -> None:
