@@ -1,12 +1,12 @@
 """A chunk delivered bare: its body with the services alone, no task run, no Prefect
 context; and a ``campaign-trigger worker`` that delivers chunks that way.
 
-``deliver_chunk_body`` is what the ``deliver chunk`` task's body does (read the chunk
-from the message file, ``process_chunk`` in a session): ``chunk_overhead``'s reference
-runs it in the benchmark's own process. Run as a script, this file is the worker's
-command (``python bench/bare_chunks.py <worker options>``, through
-``harness.Worker(command=WORKER)``): it swaps the flows' ``deliver_chunk`` before the
-worker's command runs, so that the worker's runs deliver
+``deliver_chunk_body`` is the ``deliver chunk`` task's work (``tasks.delivery.run_chunk``:
+read the chunk from the message file, ``process_chunk`` in a session) with no task run
+around it: ``chunk_overhead``'s reference runs it in the benchmark's own process. Run as
+a script, this file is the worker's command (``python bench/bare_chunks.py <worker
+options>``, through ``harness.Worker(command=WORKER)``): it swaps the flows'
+``deliver_chunk`` before the worker's command runs, so that the worker's runs deliver
 
 * with ``CT_BENCH_BARE=alternate``, every other chunk of each request bare, the others
   as their task runs, which kind first alternating from one request to the next
@@ -17,7 +17,7 @@ each bare chunk awaited in an empty ``contextvars`` context, inside the run as i
 with everything around it (the run's shares, slots, progress, heartbeats, the worker's
 watches). Each chunk's kind and span (``time.time()``) goes to the file named by
 ``CT_BENCH_CHUNK_LOG``, a line each: ``request chunk kind start end``. Nothing in
-``src/`` knows of it.
+``src/`` knows of the swap.
 """
 
 from __future__ import annotations
@@ -42,24 +42,11 @@ WORKER = [sys.executable, __file__]  # harness.Worker's command: this file as th
 
 
 async def deliver_chunk_body(plan: DeliveryPlan, chunk_no: int) -> None:
-    """One chunk of the request delivered with the services alone, as the ``deliver
-    chunk`` task's body does: read from the message file, ``process_chunk`` in a session."""
-    from campaign_trigger.config import get_settings
-    from campaign_trigger.services import delivering, message_file
-    from campaign_trigger.store.db import session_scope
-    from campaign_trigger.store.files import get_storage, messages_key
+    """One chunk of the request delivered with the services alone: the ``deliver chunk``
+    task's work (``run_chunk``) with no task run around it."""
+    from campaign_trigger.tasks.delivery import run_chunk
 
-    settings = get_settings()
-    chunk = await asyncio.to_thread(
-        message_file.read_chunk,
-        storage=get_storage(settings),
-        key=messages_key(plan.request_id),
-        chunk_no=chunk_no,
-    )
-    with session_scope() as session:
-        result = await delivering.process_chunk(
-            session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
-        )
+    result = await run_chunk(plan, chunk_no)
     assert not result.skipped
 
 

@@ -65,31 +65,17 @@ def claim(request_id: str) -> object:
 
 async def deliver(plan: object, lanes: int) -> int:
     """Every chunk of ``plan`` in ``lanes`` concurrent lanes; the messages sent."""
-    from campaign_trigger.config import get_settings
-    from campaign_trigger.services import delivering, message_file
     from campaign_trigger.services.delivery_run import DeliveryPlan
-    from campaign_trigger.store.db import session_scope
-    from campaign_trigger.store.files import get_storage, messages_key
+    from campaign_trigger.tasks.delivery import run_chunk
 
     assert isinstance(plan, DeliveryPlan)
-    settings = get_settings()
-    storage = get_storage(settings)
     todo = iter(range(plan.chunk_count))
     sent = 0
 
     async def lane() -> None:
         nonlocal sent
         for chunk_no in todo:
-            chunk = await asyncio.to_thread(
-                message_file.read_chunk,
-                storage=storage,
-                key=messages_key(plan.request_id),
-                chunk_no=chunk_no,
-            )
-            with session_scope() as session:
-                result = await delivering.process_chunk(
-                    session=session, settings=settings, job=plan.job(chunk_no), chunk=chunk
-                )
+            result = await run_chunk(plan, chunk_no)
             assert not result.skipped
             sent += result.outcomes[""]
 
