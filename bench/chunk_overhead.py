@@ -367,9 +367,14 @@ def main() -> None:
         flow_times: list[float] = []
         server = psutil.Process(int(os.environ[PREFECT_PID]))  # the stack's, shared or not
         chunk_log = home / "chunks.log" if args.bare else None
-        bare = {"command": WORKER, CHUNK_LOG: str(chunk_log), BARE: "every"} if args.bare else {}
+        bare = {CHUNK_LOG: str(chunk_log), BARE: "every"} if args.bare else {}
         worker = Worker(
-            home, "--chunk-concurrency", str(args.chunk_concurrency), **bare, **provider
+            home,
+            "--chunk-concurrency",
+            str(args.chunk_concurrency),
+            command=WORKER if args.bare else None,
+            **bare,
+            **provider,
         )
         this = psutil.Process()
         warm = asyncio.Runner()  # one loop for every reference phase (module docstring)
