@@ -8,7 +8,7 @@ process slower than another at the same work, and the machine's drift between th
 phases (a round swings by ±15 %). Here the worker delivers each request's chunks two
 ways, alternating: one as always, the ``deliver chunk`` task run of the request's flow
 run (or of a share run); the next the same body (read the chunk, ``process_chunk`` in a
-session) awaited with no task run, in an empty ``contextvars`` context (no Prefect
+session) awaited with no task run, in a ``contextvars`` context of its own (no Prefect
 context: no run logger, no task-run state events, no log line). Both kinds run in the
 same process, in the same flow run, one after the other, with the worker's heartbeats,
 watches and upkeep around both; what differs between them is the task run.
@@ -18,18 +18,24 @@ FCM answered by a bare nginx), its chunks in pairs (0, 1), (2, 3)...; in each ro
 kind that runs first in a pair alternates, so that whatever a chunk's place in the run
 does (a share's first chunk, the run's last) falls on both kinds alike. The overhead of a
 round is the median of its pairs' ``task / bare - 1`` (wall times: a chunk's time, as the
-target says; the machine's speed cancels within a pair, a second apart) plus the time in
+target says; the machine's speed cancels within a pair, a second apart), plus the time in
 which no chunk ran, between the first chunk's start and the last's end, a chunk (share
-runs claimed, slots handed on, the loop between chunks), as a share of the median bare
-chunk. The figure is the median of the rounds' overheads.
+runs claimed, slots handed on, the loop between chunks), plus the CPU spent beside the
+chunks while they ran (below), a chunk, both as shares of the median bare chunk. The
+figure is the median of the rounds' overheads.
 
-What it leaves out, and why: a task run's background work (its state events sent by
-Prefect's event thread, its log line) may spill into the next chunk, bare or not, which
-understates the task run by at most Prefect's threads' CPU a chunk (under 1 %,
-``chunk_overhead``'s by-thread figures). With ``--pin`` (the Prefect server and nginx on
-one CPU, the worker on the other) the server's work for a task run does not take turns
-with the next chunk either; unpinned it can. The request's preparation and report are
-per request, not per chunk, and are not in the chunk phase.
+What a pair cannot see is the work the process does beside a chunk while it runs: the
+request's run around its chunks (the shares it offers, its progress), the worker's polls,
+watches and upkeep, Prefect's threads (a task run's state events and log line, sent
+after it, may fall on the next chunk, bare or not). It slows both kinds alike, so the
+worker counts it apart (``bare_chunks.Beside``): the CPU, while a chunk runs, of the
+event loop's callbacks outside the chunk's context, of the pool threads' calls outside
+it, and of every other thread. A round adds it, a chunk, as a share of the median bare
+chunk: on one CPU (``--pin``) that CPU is time taken from the chunk; unpinned, part of it
+may run on the other CPU, and the figure overstates. With ``--pin`` the Prefect server
+and nginx are on the other CPU, so the server's work for a task run does not take turns
+with the next chunk. The request's preparation and report are per request, not per
+chunk, and are not in the chunk phase.
 
 The worker is ``campaign-trigger worker`` started through ``bench/bare_chunks.py``,
 which swaps the flows' ``deliver_chunk`` for the alternation above and logs each chunk's
@@ -72,16 +78,26 @@ class Round:
     task_ms: float  # the task runs' median
     bare_ms: float  # the bare chunks' median
     idle: float  # seconds no chunk ran, from the first chunk's start to the last's end
+    beside: tuple[float, float, float]  # seconds of CPU beside the chunks: loop, pool, threads
     chunks: int
+
+    def _share(self, seconds: float) -> float:
+        """``seconds`` over the request, a chunk, against the bare chunk."""
+        return seconds / self.chunks / (self.bare_ms / 1000)
 
     @property
     def idle_share(self) -> float:
         """The time no chunk ran, a chunk, against the bare chunk."""
-        return self.idle / self.chunks / (self.bare_ms / 1000)
+        return self._share(self.idle)
+
+    @property
+    def beside_share(self) -> float:
+        """The CPU spent beside the chunks while they ran, a chunk, against the bare chunk."""
+        return self._share(sum(self.beside))
 
     @property
     def overhead(self) -> float:
-        return statistics.median(self.pairs) + self.idle_share
+        return statistics.median(self.pairs) + self.idle_share + self.beside_share
 
 
 def round_of(chunks: list[Chunk]) -> Round:
@@ -97,6 +113,11 @@ def round_of(chunks: list[Chunk]) -> Round:
         task_ms=statistics.median(c.seconds for c in chunks if not c.bare) * 1000,
         bare_ms=statistics.median(c.seconds for c in chunks if c.bare) * 1000,
         idle=idle_seconds([(chunk.start, chunk.end) for chunk in chunks]),
+        beside=(
+            sum(chunk.beside[0] for chunk in chunks),
+            sum(chunk.beside[1] for chunk in chunks),
+            sum(chunk.beside[2] for chunk in chunks),
+        ),
         chunks=len(chunks),
     )
 
@@ -142,7 +163,11 @@ def main() -> None:
                         f"bare {this.bare_ms:.0f} ms (medians); pairs task / bare "
                         f"{statistics.median(this.pairs):+.2%} (median of {len(this.pairs)}, "
                         f"{min(this.pairs):+.1%} to {max(this.pairs):+.1%}); no chunk running "
-                        f"{this.idle:.2f} s ({this.idle_share:+.2%} a chunk); overhead "
+                        f"{this.idle:.2f} s ({this.idle_share:+.2%} a chunk); CPU beside the "
+                        f"chunks {this.beside_share:+.2%} a chunk (ms a chunk: loop "
+                        f"{this.beside[0] / this.chunks * 1000:.1f}, pool "
+                        f"{this.beside[1] / this.chunks * 1000:.1f}, other threads "
+                        f"{this.beside[2] / this.chunks * 1000:.1f}); overhead "
                         f"{this.overhead:+.2%}",
                         flush=True,
                     )
@@ -153,16 +178,19 @@ def main() -> None:
     low, high, confidence = median_interval(overheads)
     pairs = statistics.median(statistics.median(r.pairs) for r in rounds)
     idle = statistics.median(r.idle_share for r in rounds)
+    beside = statistics.median(r.beside_share for r in rounds)
     print(
-        f"the median overhead {median:+.2%} (pairs {pairs:+.2%}, no chunk running {idle:+.2%}); "
+        f"the median overhead {median:+.2%} (medians: pairs {pairs:+.2%}, no chunk running "
+        f"{idle:+.2%}, CPU beside the chunks {beside:+.2%}); "
         f"where the median of such rounds lies, from these {len(rounds)}: {low:+.1%} to "
         f"{high:+.1%} ({confidence:.1%} confidence)"
     )
     judged = args.rounds >= JUDGED_ROUNDS
     result(
         "chunk_interleaved",
-        f"a chunk as a task run against the same chunk bare, in one worker's flow run, "
-        f"{args.chunks} chunks of 5,000, overhead per round, median of {args.rounds}",
+        f"a chunk as a task run against the same chunk bare, in one worker's flow run, with "
+        f"the time between chunks and the CPU beside them, {args.chunks} chunks of 5,000, "
+        f"overhead per round, median of {args.rounds}",
         figure=f"{median:+.2%} a chunk",
         reference=f"{statistics.median(r.bare_ms for r in rounds):.0f} ms per bare chunk "
         "(the same worker, no task run)",

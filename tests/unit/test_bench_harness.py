@@ -1,7 +1,8 @@
 """``make bench``'s shared output: the ``RESULT`` line each benchmark prints per target
 (``bench/harness.py``), and how ``bench/run_all.py`` reads it back and tabulates it; the
 chunk path's idle time as ``chunk_overhead`` reads it from the task runs, a round of
-chunks delivered two ways in one run (``chunk_interleaved``), two processes'
+chunks delivered two ways in one run (``chunk_interleaved``) and the CPU a worker spends
+beside a running chunk (``bare_chunks.Beside``), two processes'
 CPU a chunk over the window where both deliver (``chunk_pair``), a worker's CPU
 between two moments from its samples, a process tree's CPU, a process's context switches
 summed over its threads, each thread's CPU by name, and the processes pinned apart for
@@ -9,6 +10,8 @@ summed over its threads, each thread's CPU by name, and the processes pinned apa
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import http.server
 import json
 import os
@@ -17,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import thread as pool_thread
 from pathlib import Path
 
 import psutil
@@ -27,7 +31,7 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 import harness
-from bare_chunks import Chunk, read_chunks
+from bare_chunks import IN_CHUNK, Beside, Chunk, read_chunks
 from chunk_interleaved import round_of
 from chunk_overhead import idle_seconds
 from chunk_pair import Sampler, chunks_inside
@@ -222,29 +226,128 @@ def test_the_idle_time_between_chunks_counts_only_where_no_chunk_runs() -> None:
     assert idle_seconds([(0.0, 1.0), (0.2, 0.4), (1.25, 2.0)]) == pytest.approx(0.25)
 
 
-def test_a_rounds_overhead_is_its_pairs_median_plus_the_time_no_chunk_ran(
+def test_a_rounds_overhead_is_its_pairs_median_plus_the_time_no_chunk_ran_and_the_cpu_beside(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "chunks.log"
     log.write_text(
-        "other 0 task 0.0 9.0\n"  # another request's: not this round's
-        "r 1 task 1.0 2.1\n"  # in the log as the worker ended them, not in chunk order
-        "r 0 bare 0.0 1.0\n"
-        "r 2 bare 2.2 3.2\n"  # 0.1 s with no chunk running before it
-        "r 3 task 3.2 4.0\n"
-        "r 4 task 4.0 5.2\n"
-        "r 5 bare 5.2 6.2\n"
+        "other 0 task 0.0 9.0 1 1 1\n"  # another request's: not this round's
+        "r 1 task 1.0 2.1 0.01 0.002 0.001\n"  # as the worker ended them, not in chunk order
+        "r 0 bare 0.0 1.0 0.02 0.0 0.001\n"
+        "r 2 bare 2.2 3.2 0.0 0.0 0.0\n"  # 0.1 s with no chunk running before it
+        "r 3 task 3.2 4.0 0.03 0.004 0.002\n"
+        "r 4 task 4.0 5.2 0.0 0.0 0.0\n"
+        "r 5 bare 5.2 6.2 0.0 0.0 0.0\n"
     )
     chunks = read_chunks(log, "r")
     assert [chunk.number for chunk in chunks] == [0, 1, 2, 3, 4, 5]
-    assert chunks[0] == Chunk(0, bare=True, start=0.0, end=1.0)
+    assert chunks[0] == Chunk(0, bare=True, start=0.0, end=1.0, beside=(0.02, 0.0, 0.001))
     this = round_of(chunks)
     # pairs (0, 1), (2, 3), (4, 5), each task against its own pair's bare chunk
     assert this.pairs == pytest.approx([0.1, -0.2, 0.2])
     assert (this.task_ms, this.bare_ms) == pytest.approx((1100, 1000))
     assert this.idle == pytest.approx(0.1)
     assert this.idle_share == pytest.approx(0.1 / 6 / 1.0)
-    assert this.overhead == pytest.approx(0.1 + 0.1 / 6)
+    assert this.beside == pytest.approx((0.06, 0.006, 0.004))
+    assert this.beside_share == pytest.approx(0.07 / 6 / 1.0)
+    assert this.overhead == pytest.approx(0.1 + 0.1 / 6 + 0.07 / 6)
+
+
+def test_a_log_without_the_cpu_beside_reads_as_none(tmp_path: Path) -> None:
+    log = tmp_path / "chunks.log"
+    log.write_text("r 0 bare 0.0 1.0\nr 1 task 1.0 2.0\n")  # chunk_overhead --bare's lines
+    assert [chunk.beside for chunk in read_chunks(log, "r")] == [(0.0, 0.0, 0.0)] * 2
+
+
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds`` of this thread's CPU."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def test_the_cpu_beside_a_chunk_counts_the_loop_and_pool_work_outside_its_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # install() patches these two; monkeypatch puts them back after the test
+    monkeypatch.setattr(asyncio.events.Handle, "_run", asyncio.events.Handle._run)
+    monkeypatch.setattr(pool_thread._WorkItem, "run", pool_thread._WorkItem.run)
+    beside = Beside()
+    beside.install()
+
+    async def chunk() -> None:  # a chunk's work: on the loop, then in the pool
+        _spin(0.03)
+        await asyncio.to_thread(_spin, 0.12)
+        _spin(0.03)
+
+    async def around(started: asyncio.Event) -> None:  # the run's and worker's work beside it
+        await started.wait()
+        _spin(0.04)
+        await asyncio.to_thread(_spin, 0.02)
+
+    async def main() -> tuple[float, float]:
+        started = asyncio.Event()
+        other = asyncio.create_task(around(started))
+        await asyncio.to_thread(_spin, 0.05)  # before the chunk: not counted
+        own = contextvars.Context()
+        own.run(IN_CHUNK.set, True)
+        with beside.chunk() as counting:
+            started.set()
+            await asyncio.create_task(chunk(), context=own)
+            await other  # still inside the chunk's span
+        await asyncio.to_thread(_spin, 0.05)  # after it: not counted
+        return counting.loop, counting.pool
+
+    assert asyncio.run(main()) == pytest.approx((0.04, 0.02), abs=0.01)
+
+
+def test_a_threads_result_handed_to_a_chunk_is_the_chunks_and_to_another_is_not() -> None:
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        own = contextvars.Context()
+        own.run(IN_CHUNK.set, True)
+        awaited_by_chunk, awaited_elsewhere = loop.create_future(), loop.create_future()
+        awaited_by_chunk.add_done_callback(lambda _: None, context=own)
+        awaited_elsewhere.add_done_callback(lambda _: None)
+        hand_back = [  # as _chain_future hands a thread's result back: (future, source)
+            asyncio.events.Handle(_set_state, (future, None), loop)
+            for future in (awaited_by_chunk, awaited_elsewhere)
+        ]
+        in_context = asyncio.events.Handle(print, (), loop, context=own)
+        elsewhere = asyncio.events.Handle(print, (), loop)
+        return [Beside._the_chunks(h) for h in (*hand_back, in_context, elsewhere)]
+
+    def _set_state(future: asyncio.Future[None], other: object) -> None:
+        pass
+
+    assert asyncio.run(main()) == [True, False, True, False]
+
+
+def test_the_cpu_beside_a_chunk_counts_every_other_thread_but_the_pools() -> None:
+    release = threading.Event()
+    spun = [threading.Event(), threading.Event()]
+
+    def busy(done: threading.Event) -> None:  # alive until released: /proc reads live threads
+        _spin(0.05)
+        done.set()
+        release.wait()
+
+    before = Beside.threads_cpu()
+    threads = [
+        threading.Thread(target=busy, args=(done,), name=name)
+        for done, name in zip(spun, ("run-heartbeats", "asyncio_9"), strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for done in spun:
+            assert done.wait(10)
+        counted = Beside.threads_cpu() - before
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+    assert counted == pytest.approx(0.05, abs=0.02)  # the heartbeats', not the pool's
 
 
 def test_a_pair_of_two_chunks_of_one_kind_is_refused() -> None:
