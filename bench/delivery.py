@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import re
-import socket
 import statistics
 import time
 from typing import Any, NamedTuple
@@ -33,7 +32,7 @@ import h2.connection
 import h2.events
 import h2.settings
 
-from harness import result
+from harness import free_port, result
 
 TARGET_RATE = 10_000.0
 TARGET_RATIO = 0.7
@@ -126,12 +125,6 @@ class Figure(NamedTuple):
 
     rate: float
     cpu_per_message: float
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bodies(n: int) -> list[bytes]:

@@ -22,6 +22,7 @@ import asyncio
 import io
 import math
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -111,9 +112,21 @@ def knee_verdict(held: dict[float, bool], target: float) -> bool | None:
 
 
 def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nobody listens on, outside the kernel's ephemeral range: a port ``bind(0)``
+    hands out can be taken as an outgoing connection's source port before our server
+    binds it (tests/support.py says more)."""
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    ephemeral = range(int(low), int(high) + 1)
+    for port in random.sample(range(20000, 65536), 65536 - 20000):
+        if port in ephemeral:
+            continue
+        with closing(socket.socket()) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free TCP port outside the ephemeral range")
 
 
 def wait_http(url: str, timeout: float = 90) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import jwt
 
-from harness import result
+from harness import free_port, result
 
 TARGETS = {"fcm": 20_000.0, "apns": 10_000.0, "apns-tls": 10_000.0}
 FCM_BODY = (
@@ -77,12 +77,6 @@ http {{
 """
 FINISHED = re.compile(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s")
 STATUS = re.compile(r"status codes: (\d+) 2xx")
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float = 30) -> None:

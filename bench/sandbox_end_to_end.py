@@ -23,20 +23,18 @@ import io
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import psutil
 
-from harness import private_stack, report_links, result, tree_cpu
+from harness import free_port, private_stack, report_links, result, tree_cpu
 
 TARGET_RATIO = 1.25
 TARGET_USERS = 100_000
@@ -64,12 +62,6 @@ http {{
 }}
 """
 PASSWORD = "bench-password-1"
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 120) -> None:

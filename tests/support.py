@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import random
 import signal
 import socket
 import subprocess
@@ -24,14 +25,45 @@ VENV_BIN = Path(sys.executable).parent
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
+def _ephemeral_ports() -> range:
+    """The kernel's range for the source ports of outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):  # not Linux: IANA's dynamic range, which macOS uses
+        return range(49152, 65536)
+
+
+_EPHEMERAL = _ephemeral_ports()
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on now (never the stack's 4200/8000/8010)."""
-    while True:
+    """A TCP port nobody listens on now, never handed out before in this process.
+
+    Not a port the kernel picks (``bind(0)``): those come from its ephemeral range, from
+    which it also picks the source port of every outgoing connection, so between this call
+    and the server's own bind any client of any process could take it (CI saw uvicorn fail
+    with EADDRINUSE so). The ports from 20000 up outside that range (never the stack's
+    4200/8000/8010/8443) are split between the suite's xdist processes, so two of them
+    never hand out the same one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    candidates = [
+        port
+        for port in range(20000 + int(worker), 65536, count)
+        if port not in _EPHEMERAL and port not in _HANDED_OUT
+    ]
+    random.shuffle(candidates)  # two suites side by side rarely start on the same port
+    for port in candidates:
         with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in (4200, 8000, 8010):
-            return port
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free TCP port outside the ephemeral range")
 
 
 def until(

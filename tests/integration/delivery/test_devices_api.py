@@ -4,7 +4,6 @@ app key, device secret, identity verification, inbox of the logged-in user."""
 from __future__ import annotations
 
 import hashlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,14 +22,13 @@ from campaign_trigger.services import devices
 from campaign_trigger.services.inbox import InboxEntry, publish_inapp
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import App, Device, Platform
+from support import free_port
 
 
 @pytest.fixture(scope="module")
 def api(delivery_database: str) -> Iterator[str]:
     """The API served by uvicorn on a free port, in a thread."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
     )

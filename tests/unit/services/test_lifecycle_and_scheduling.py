@@ -4,7 +4,6 @@ with a recording fake of the Prefect client where the outbox needs one."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +23,7 @@ from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.store.files import Storage
 from campaign_trigger.store.models import Request, RequestState
 from service_support import Org, make_org
+from support import free_port
 
 
 def _request(
@@ -107,9 +107,7 @@ def test_the_scheduled_list_falls_back_to_the_mirror_without_prefect(
 ) -> None:
     first = _request(session, settings, storage, org, hours=2)
     second = _request(session, settings, storage, org, hours=1)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = free_port()  # nobody listens there
     session.get(Request, first).flow_run_id = str(uuid.uuid4())  # type: ignore[union-attr]
     session.commit()
     with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
