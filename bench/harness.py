@@ -111,20 +111,24 @@ def knee_verdict(held: dict[float, bool], target: float) -> bool | None:
     return None
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A port nobody listens on, outside the kernel's ephemeral range: a port ``bind(0)``
-    hands out can be taken as an outgoing connection's source port before our server
-    binds it (tests/support.py says more)."""
+    """A port nobody listens on and not handed out before, outside the kernel's ephemeral
+    range: a port ``bind(0)`` hands out can be taken as an outgoing connection's source
+    port before our server binds it (tests/support.py says more)."""
     low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
     ephemeral = range(int(low), int(high) + 1)
     for port in random.sample(range(20000, 65536), 65536 - 20000):
-        if port in ephemeral:
+        if port in ephemeral or port in _HANDED_OUT:
             continue
         with closing(socket.socket()) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        _HANDED_OUT.add(port)
         return port
     raise RuntimeError("no free TCP port outside the ephemeral range")
 

@@ -49,6 +49,13 @@ from request_rate import deciding_rates
 from run_all import Ran, Result, parse_result, summary_markdown, summary_text
 
 
+def test_the_benchmarks_free_ports_lie_outside_the_ephemeral_range_each_once() -> None:
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    ports = [harness.free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert not [port for port in ports if int(low) <= port <= int(high) or port < 20000]
+
+
 def test_a_result_line_carries_figure_reference_ratio_target_and_verdict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
