@@ -24,7 +24,6 @@ import math
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING
 import httpx
 import psutil
 
-from campaign_trigger.stack import die_with_parent
+from campaign_trigger.stack import die_with_parent, port_free
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -121,15 +120,9 @@ def free_port() -> int:
     low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
     ephemeral = range(int(low), int(high) + 1)
     for port in random.sample(range(20000, 65536), 65536 - 20000):
-        if port in ephemeral or port in _HANDED_OUT:
-            continue
-        with closing(socket.socket()) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
+        if port not in ephemeral and port not in _HANDED_OUT and port_free("127.0.0.1", port):
+            _HANDED_OUT.add(port)
+            return port
     raise RuntimeError("no free TCP port outside the ephemeral range")
 
 

@@ -9,16 +9,17 @@ import os
 import pty
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing, suppress
+from contextlib import suppress
 from pathlib import Path
 
 import httpx
+
+from campaign_trigger.stack import port_free
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -56,13 +57,9 @@ def free_port() -> int:
     ]
     random.shuffle(candidates)  # two suites side by side rarely start on the same port
     for port in candidates:
-        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
+        if port_free("127.0.0.1", port):
+            _HANDED_OUT.add(port)
+            return port
     raise RuntimeError("no free TCP port outside the ephemeral range")
 
 

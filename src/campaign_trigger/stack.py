@@ -47,16 +47,23 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         pass
 
 
-def check_port_free(host: str, port: int, what: str, setting: str) -> None:
+def port_free(host: str, port: int) -> bool:
+    """Whether a server (``SO_REUSEADDR``, as uvicorn's) could bind ``host:port`` now."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
-            raise StackError(
-                f"Port {port} on {host} is already in use, so the {what} cannot start: "
-                f"stop whatever listens there, or set {setting} to another port."
-            ) from None
+            return False
+    return True
+
+
+def check_port_free(host: str, port: int, what: str, setting: str) -> None:
+    if not port_free(host, port):
+        raise StackError(
+            f"Port {port} on {host} is already in use, so the {what} cannot start: "
+            f"stop whatever listens there, or set {setting} to another port."
+        )
 
 
 RESTART_BACKOFF_CAP = 30.0
