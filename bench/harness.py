@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import httpx
 import psutil
 
-from campaign_trigger.stack import die_with_parent, port_free
+from campaign_trigger.stack import die_with_parent, ephemeral_ports, port_free
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -117,8 +117,7 @@ def free_port() -> int:
     """A port nobody listens on and not handed out before, outside the kernel's ephemeral
     range: a port ``bind(0)`` hands out can be taken as an outgoing connection's source
     port before our server binds it (tests/support.py says more)."""
-    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-    ephemeral = range(int(low), int(high) + 1)
+    ephemeral = ephemeral_ports()
     for port in random.sample(range(20000, 65536), 65536 - 20000):
         if port not in ephemeral and port not in _HANDED_OUT and port_free("127.0.0.1", port):
             _HANDED_OUT.add(port)

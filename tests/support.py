@@ -19,23 +19,14 @@ from pathlib import Path
 
 import httpx
 
-from campaign_trigger.stack import port_free
+from campaign_trigger.stack import ephemeral_ports, port_free
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def _ephemeral_ports() -> range:
-    """The kernel's range for the source ports of outgoing connections."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return range(int(low), int(high) + 1)
-    except (OSError, ValueError):  # not Linux: IANA's dynamic range, which macOS uses
-        return range(49152, 65536)
-
-
-_EPHEMERAL = _ephemeral_ports()
+_EPHEMERAL = ephemeral_ports()
 _HANDED_OUT: set[int] = set()
 
 

@@ -47,6 +47,16 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         pass
 
 
+def ephemeral_ports() -> range:
+    """The kernel's range for the source ports of outgoing connections: a port from it,
+    free now, may be taken by any client before a server binds it."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):  # not Linux: IANA's dynamic range, which macOS uses
+        return range(49152, 65536)
+
+
 def port_free(host: str, port: int) -> bool:
     """Whether a server (``SO_REUSEADDR``, as uvicorn's) could bind ``host:port`` now."""
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
