@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -31,8 +32,9 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from uuid import UUID
 
 import anyio
@@ -156,6 +158,30 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self._polled_window = datetime.min.replace(tzinfo=UTC)  # what the last poll asked for
         self._poll_lock, self._claims_settled, self._claiming = asyncio.Lock(), asyncio.Event(), 0
         self._claims_settled.set()
+        self._context = contextvars.copy_context()  # the worker's own: see _start_soon
+
+    async def __aenter__(self) -> Self:
+        self._context = contextvars.copy_context()  # as started: Prefect's settings, client
+        return await super().__aenter__()
+
+    def _start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start ``func(*args)`` in the runs' task group in the worker's own context, never
+        in its caller's. A share hands on from inside its chunk's task run (the request's
+        own shares: inside the request's run's): the next share's poll, claim and run,
+        started there, inherited that run's Prefect context (Prefect's engine took the
+        share for a subflow run in process of it), and so did every run started after
+        them from their predecessors' tasks. In CI (3 Dec) a share claimed as that
+        request's run was being stopped ended with an ``AttributeError`` from Prefect's
+        engine before it started, claimed and not executed: the request's cancel then
+        set it Cancelling, and nobody ended it."""
+        group = self._runs_task_group
+        assert group is not None
+
+        def start() -> None:
+            group.start_soon(func, *args)
+
+        # a copy: a task started here that starts another at once never re-enters it
+        self._context.copy().run(start)
 
     @classmethod
     def get_default_base_job_template(cls) -> dict[str, Any]:
@@ -176,7 +202,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self._wakes += 1
         if self._runs_task_group is not None and not self._wake_poll_due:
             self._wake_poll_due = True
-            self._runs_task_group.start_soon(self._poll_when_woken)
+            self._start_soon(self._poll_when_woken)
 
     async def _poll_when_woken(self) -> None:
         try:
@@ -373,8 +399,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
                 await upkeep.own_run(flow_run, owner=self.name)
             except Exception as exc:  # a note for operators: the claimed run goes on
                 logger.warning("run %s: its worker not noted on the request: %r", flow_run.id, exc)
-        assert self._runs_task_group is not None
-        self._runs_task_group.start_soon(self._execute, flow_run)
+        self._start_soon(self._execute, flow_run)
         return True
 
     def _forget_submission(self, flow_run_id: UUID) -> None:
@@ -385,8 +410,10 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
     async def _execute(self, flow_run: FlowRun) -> None:
         try:
             await self.run(flow_run, self.job_configuration())
-        except Exception as exc:  # the engine reports the run's state itself
-            logger.warning("run %s ended with %r", flow_run.id, exc)
+        except Exception as exc:
+            # The engine reports the run's state itself; an error before it began leaves
+            # the run claimed, for the dead-run watch to hand over: a bug, so its traceback.
+            logger.warning("run %s ended with %r", flow_run.id, exc, exc_info=True)
         finally:
             self._release_limit_slot(flow_run.id)
             self._forget_submission(flow_run.id)
@@ -398,7 +425,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         started now while that chunk is sent (:class:`fan_out.ShareSlots`)."""
         self.free_place(flow_run_id)  # freed again at the run's end: a no-op
         if self._runs_task_group is not None:
-            self._runs_task_group.start_soon(self._poll_now)
+            self._start_soon(self._poll_now)
 
     def hold_place(self, flow_run_id: UUID) -> None:
         """Take a slot for a share this worker did not claim (a request's own shares,

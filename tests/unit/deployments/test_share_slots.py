@@ -11,10 +11,13 @@ import uuid
 
 import anyio
 import pytest
+from prefect.client.schemas.objects import FlowRun
+from prefect.context import ContextModel, FlowRunContext, TaskRunContext
 from prefect.workers.base import BaseWorker
 
 from campaign_trigger.deployments.worker import DeliveryWorker
 from campaign_trigger.flows.fan_out import ShareSlots
+from campaign_trigger.services import prefect_runs
 from delivery_support import run_slots
 
 
@@ -103,6 +106,51 @@ async def test_handing_on_frees_the_shares_slot_and_polls_for_the_next_share(
     assert run_slots(worker).available_tokens == 1
     worker._release_limit_slot(share)  # the run's end releases again: nothing happens
     assert run_slots(worker).available_tokens == 1
+
+
+def _bare(context: type[ContextModel]) -> ContextModel:
+    """A Prefect run context, as a run's task holds it (its fields do not matter here)."""
+    return context.model_construct()
+
+
+async def test_the_share_claimed_as_a_run_hands_on_runs_in_the_workers_context_not_that_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A share hands on from inside its chunk's task run: the next share's claim and run,
+    # started from there, ran inside that run's Prefect context (Prefect's engine took
+    # it for a subflow run of it), and so did every run started after them. In CI a
+    # share claimed as its request's run was stopped ended unstarted with an
+    # AttributeError from the engine, and its cancel left it Cancelling for good.
+    worker = DeliveryWorker(concurrency=2, queue="chunks")
+    worker._limiter = anyio.CapacityLimiter(2)
+    handing_on, next_share = uuid.uuid4(), FlowRun(flow_id=uuid.uuid4())
+    run_slots(worker).acquire_on_behalf_of_nowait(handing_on)
+    seen: list[tuple[object, object]] = []
+    ran = asyncio.Event()
+
+    async def poll(self: DeliveryWorker) -> list[FlowRun]:  # Prefect hands the share out
+        run_slots(self).acquire_on_behalf_of_nowait(next_share.id)
+        self._submitting_flow_run_ids.add(next_share.id)
+        group.start_soon(self._submit_run, next_share)
+        return [next_share]
+
+    async def claimed(*args: object, **kwargs: object) -> bool:
+        return True
+
+    async def run(flow_run: FlowRun, configuration: object) -> None:
+        seen.append((FlowRunContext.get(), TaskRunContext.get()))
+        ran.set()
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    monkeypatch.setattr(DeliveryWorker, "client", None)  # the claim's, which says yes
+    monkeypatch.setattr(prefect_runs, "claim", claimed)
+    monkeypatch.setattr(worker, "run", run)
+    async with anyio.create_task_group() as group:
+        worker._runs_task_group = group
+        with _bare(FlowRunContext), _bare(TaskRunContext):
+            worker.hand_on(handing_on)  # as a share's last chunk starts
+            await asyncio.wait_for(ran.wait(), timeout=5)
+    assert seen == [(None, None)]
 
 
 def _chunks_worker(slots: int) -> DeliveryWorker:
