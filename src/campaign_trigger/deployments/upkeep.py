@@ -3,7 +3,7 @@
 * the outbox reconciler (``services.scheduling.run_reconciler``);
 * the completion webhooks' sender (``services.webhook_sender.run_sender``);
 * stopping a run of this worker cancelled while running, or while it waits for its time
-  (the UI's Cancel: Cancelling);
+  (the UI's Cancel: Cancelling), and ending one cancelled after its execution here failed;
 * taking over the runs of dead workers. Liveness is Prefect's: every run sends
   flow-run heartbeats, and the automation ``register.ZOMBIE_AUTOMATION`` marks a run
   Crashed, named ``prefect_runs.DEAD_RUN_STATE_NAME``, when they stop. A worker with a
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from campaign_trigger.config import get_settings
@@ -183,11 +184,15 @@ async def watch_again_once_loaded(
 
 async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClient) -> None:
     """Runs of this worker set Cancelling (the UI's Cancel on a started run, or on one
-    waiting for its time, ``worker.until_start``): stop them.
+    waiting for its time, ``worker.until_start``): stop them; and end those whose
+    execution failed here (:func:`_end_abandoned`).
 
     The messages in flight are abandoned (their outcomes are not recorded); the run ends
     Cancelled and the request is mirrored as canceled.
     """
+    for worker in workers:
+        if worker.abandoned:
+            await _end_abandoned(worker, client)
     active = [run_id for worker in workers for run_id in worker.active]
     if not active:
         return
@@ -205,6 +210,28 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         logger.warning("run %s was cancelled %s: stopping it", run.id, when)
         await asyncio.gather(tasks[0], return_exceptions=True)
         await finish_cancel(client, run, message=f"Cancelled {when}")
+
+
+async def _end_abandoned(worker: DeliveryWorker, client: PrefectClient) -> None:
+    """The runs whose execution failed in ``worker`` (still claimed by it, so no other
+    worker stops them): a cancelled one is ended Cancelled, as a run stopped is.
+    Forgotten once ended, or cancelled while claimed by another worker (the dead-run
+    watch handed it over: that worker stops it)."""
+    asked = list(worker.abandoned)[: prefect_runs.PAGE_LIMIT]
+    runs = await client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=asked)), limit=len(asked)
+    )
+    gone = set(asked) - {run.id for run in runs}  # deleted
+    for run in runs:
+        if run.state is None or run.state.is_final():
+            gone.add(run.id)
+        elif run.state.type == StateType.CANCELLING:
+            if await _claimer(client, run) == worker.claim_message:
+                when = "while running" if run.start_time is not None else "before its start"
+                logger.warning("run %s, its execution failed, was cancelled: ending it", run.id)
+                await finish_cancel(client, run, message=f"Cancelled {when}")
+            gone.add(run.id)
+    worker.abandoned -= gone
 
 
 async def _claimer(client: PrefectClient, run: FlowRun) -> str | None:

@@ -22,7 +22,7 @@ from sqlmodel import select
 
 from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import upkeep, wakeup
-from campaign_trigger.deployments.worker import run_worker
+from campaign_trigger.deployments.worker import DeliveryWorker, run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
 from campaign_trigger.flows.deliver import _on_failure, deliver_request
 from campaign_trigger.services import (
@@ -570,6 +570,46 @@ async def test_a_run_cancelled_in_the_ui_while_its_worker_waits_for_its_time_sen
     assert queued_events(request_id) == ["request.cancelled"]
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
+async def test_a_run_whose_start_failed_in_its_worker_is_ended_by_a_cancel_there(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose execution failed in its worker before Prefect's engine began it stays
+    claimed (Pending) by that worker, which runs it no more: a cancel then set it
+    Cancelling, and no worker stopped it, so it stayed so for good (a share in CI,
+    3 Dec). The cancel watch of the worker that claimed it ends it Cancelled."""
+    subscribed = sweeps_on_events_only(monkeypatch)
+    failed = asyncio.Event()
+
+    async def failing(self: DeliveryWorker, flow_run: FlowRun) -> None:
+        failed.set()
+        raise RuntimeError("a bug before the run's start")
+
+    monkeypatch.setattr(DeliveryWorker, "_flow_of", failing)
+    tenant = tenant_with_webhook()
+    audience = bulk_audience(tenant, users=3, prefix=uuid.uuid4().hex[:6])
+    add_devices(audience.devices)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, poll_seconds=0.2))
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC))
+        await drain()
+        await asyncio.wait_for(failed.wait(), timeout=30)
+        run = await wait_for_state(request_id, "PENDING", timeout=5)  # claimed, left so
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling())
+        run = await wait_for_state(request_id, "CANCELLED", timeout=10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, timeout=60)
+    assert run.state is not None
+    assert run.state.message == "Cancelled before its start"
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert sum(per_token.get(device.token, 0) for device in audience.devices) == 0
+    assert load_request(request_id).state == RequestState.canceled
+    assert queued_events(request_id) == ["request.cancelled"]
 
 
 def _no_event_stream(**kwargs: object) -> contextlib.AbstractAsyncContextManager[object]:
