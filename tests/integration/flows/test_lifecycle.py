@@ -37,6 +37,7 @@ from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState, WebhookDelivery
 from campaign_trigger.tasks import artifacts
 from delivery_support import (
+    DeviceSpec,
     Tenant,
     add_devices,
     add_request,
@@ -529,6 +530,18 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
 
 
+def _cancelled_before_its_start(
+    run: FlowRun, request_id: str, devices: Sequence[DeviceSpec], sandbox_url: str
+) -> None:
+    """The run ended Cancelled unstarted, nothing sent, the request canceled, one event."""
+    assert run.state is not None
+    assert run.state.message == "Cancelled before its start"
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert sum(per_token.get(device.token, 0) for device in devices) == 0
+    assert load_request(request_id).state == RequestState.canceled
+    assert queued_events(request_id) == ["request.cancelled"]
+
+
 async def test_a_run_cancelled_in_the_ui_while_its_worker_waits_for_its_time_sends_nothing(
     deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -562,12 +575,7 @@ async def test_a_run_cancelled_in_the_ui_while_its_worker_waits_for_its_time_sen
     async with get_client() as client:
         states = [state.type for state in await client.read_flow_run_states(run.id)]
     assert StateType.RUNNING not in states
-    assert run.state is not None
-    assert run.state.message == "Cancelled before its start"
-    per_token = sandbox_stats(sandbox_url)["per_token"]
-    assert sum(per_token.get(device.token, 0) for device in audience.devices) == 0
-    assert load_request(request_id).state == RequestState.canceled
-    assert queued_events(request_id) == ["request.cancelled"]
+    _cancelled_before_its_start(run, request_id, audience.devices, sandbox_url)
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
 
@@ -604,12 +612,7 @@ async def test_a_run_whose_start_failed_in_its_worker_is_ended_by_a_cancel_there
     finally:
         stop.set()
         await asyncio.wait_for(worker, timeout=60)
-    assert run.state is not None
-    assert run.state.message == "Cancelled before its start"
-    per_token = sandbox_stats(sandbox_url)["per_token"]
-    assert sum(per_token.get(device.token, 0) for device in audience.devices) == 0
-    assert load_request(request_id).state == RequestState.canceled
-    assert queued_events(request_id) == ["request.cancelled"]
+    _cancelled_before_its_start(run, request_id, audience.devices, sandbox_url)
 
 
 def _no_event_stream(**kwargs: object) -> contextlib.AbstractAsyncContextManager[object]:
