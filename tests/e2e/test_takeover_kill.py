@@ -15,14 +15,16 @@ from prefect.client.schemas.filters import (
     FlowRunFilterTags,
 )
 from prefect.client.schemas.objects import FlowRun
+from prefect.states import Cancelling
 
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
-from campaign_trigger.store.models import Platform
+from campaign_trigger.store.models import Platform, RequestState
 from delivery_support import (
     DeviceSpec,
     add_devices,
     add_request,
+    load_request,
     read_report,
     read_run,
     seed_tenant,
@@ -228,3 +230,34 @@ async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothi
         report = read_report(request_id)[app]
         assert sorted(r["user_id"] for r in report) == sorted(users)
         assert all(datetime.fromisoformat(r["sent_at"]) >= send_at for r in report)
+
+
+async def test_a_run_cancelled_after_its_worker_was_killed_is_ended_by_another(
+    start_worker: WorkerFactory, sandbox: Sandbox
+) -> None:
+    """A worker claims a run scheduled ahead and waits for its time with it (Pending); it
+    is SIGKILLed, and the run cancelled in the UI (Cancelling). No worker executes it, and
+    the dead-run automation counts Cancelling as at rest: it stayed Cancelling for good.
+    Another worker ends it Cancelled once Prefect counts the killed one offline; nothing
+    goes out at its time."""
+    worker = start_worker("--prefetch-seconds", "20")
+    tenant = seed_tenant()
+    prefix = f"lost-{uuid.uuid4().hex[:6]}"
+    users = [f"{prefix}-u{n}" for n in range(3)]
+    devices = [DeviceSpec(tenant.android, f"{u}-a", u, f"{u}-tok") for u in users]
+    tokens = [device.token for device in devices if device.token]
+    add_devices(devices)
+    send_at = datetime.now(UTC) + timedelta(seconds=15)
+    request_id = add_request(tenant, users, send_at=send_at)
+    notify_new_request(request_id)
+    run = await wait_for_state(request_id, "PENDING", timeout=10)  # claimed, waiting
+    worker.kill()
+    async with get_client() as client:
+        await client.set_flow_run_state(run.id, Cancelling())
+    start_worker()
+    run = await wait_for_state(request_id, "CANCELLED", timeout=90)
+    assert run.state is not None
+    assert run.state.message == "Cancelled before its start"
+    await asyncio.sleep(max(0.0, (send_at - datetime.now(UTC)).total_seconds()) + 1.5)
+    assert set(sandbox.delivered(tokens).values()) == {0}
+    assert load_request(request_id).state == RequestState.canceled

@@ -3,7 +3,7 @@
 * the outbox reconciler (``services.scheduling.run_reconciler``);
 * the completion webhooks' sender (``services.webhook_sender.run_sender``);
 * stopping a run of this worker cancelled while running, or while it waits for its time
-  (the UI's Cancel: Cancelling), and ending one cancelled after its execution here failed;
+  (the UI's Cancel: Cancelling), and ending one cancelled that no worker executes;
 * taking over the runs of dead workers. Liveness is Prefect's: every run sends
   flow-run heartbeats, and the automation ``register.ZOMBIE_AUTOMATION`` marks a run
   Crashed, named ``prefect_runs.DEAD_RUN_STATE_NAME``, when they stop. A worker with a
@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, StateType
 
 from campaign_trigger.config import get_settings
-from campaign_trigger.deployments import register
+from campaign_trigger.deployments import catalog, register
 from campaign_trigger.services import (
     delivery_run,
     prefect_runs,
@@ -183,27 +182,25 @@ async def watch_again_once_loaded(
 
 
 async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClient) -> None:
-    """Runs of this worker set Cancelling (the UI's Cancel on a started run, or on one
-    waiting for its time, ``worker.until_start``): stop them; and end those whose
-    execution failed here (:func:`_end_abandoned`).
+    """Runs set Cancelling (the UI's Cancel on a started run, or on one claimed and waiting
+    for its time, ``worker.until_start``; a cancelled request's shares): those this
+    process's workers execute are stopped; those nobody executes are ended Cancelled
+    (:func:`_end_unexecuted`).
 
     The messages in flight are abandoned (their outcomes are not recorded); the run ends
     Cancelled and the request is mirrored as canceled.
     """
-    for worker in workers:
-        if worker.abandoned:
-            await _end_abandoned(worker, client)
-    active = [run_id for worker in workers for run_id in worker.active]
-    if not active:
-        return
-    runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
+    runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING])
+    unexecuted = [run for run in runs if not any(w.executes(run.id) for w in workers)]
+    if unexecuted:
+        await _end_unexecuted(workers, client, unexecuted)
     for run in runs:
+        tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
+        if not tasks:
+            continue  # executed elsewhere, or claimed here and not begun (it ends at once)
         # The request is marked canceled before the stop, whose Crashed and crash hook then
         # leave it so; unless it was processed: the run completes, as it is about to.
         if not await cancel_unless_processed(client, run):
-            continue
-        tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
-        if not tasks:
             continue
         # A run claimed ahead of its time waits for it in its worker, not yet Running.
         when = "while running" if run.start_time is not None else "before its start"
@@ -212,26 +209,28 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         await finish_cancel(client, run, message=f"Cancelled {when}")
 
 
-async def _end_abandoned(worker: DeliveryWorker, client: PrefectClient) -> None:
-    """The runs whose execution failed in ``worker`` (still claimed by it, so no other
-    worker stops them): a cancelled one is ended Cancelled, as a run stopped is.
-    Forgotten once ended, or cancelled while claimed by another worker (the dead-run
-    watch handed it over: that worker stops it)."""
-    asked = list(worker.abandoned)[: prefect_runs.PAGE_LIMIT]
-    runs = await client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=asked)), limit=len(asked)
-    )
-    gone = set(asked) - {run.id for run in runs}  # deleted
+async def _end_unexecuted(
+    workers: list[DeliveryWorker], client: PrefectClient, runs: list[FlowRun]
+) -> None:
+    """End Cancelled the cancelled runs no worker executes: claimed by a worker of this
+    process whose execution of it failed before Prefect's engine ended it, or by a worker
+    Prefect counts offline (it died). No one else ends them: the dead-run automation
+    counts Cancelling as at rest, and they stayed Cancelling for good. A run claimed by a
+    live worker elsewhere is its worker's to stop."""
+    ours = {worker.name for worker in workers}
+    online: set[str] | None = None
     for run in runs:
-        if run.state is None or run.state.is_final():
-            gone.add(run.id)
-        elif run.state.type == StateType.CANCELLING:
-            if await _claimer(client, run) == worker.claim_message:
-                when = "while running" if run.start_time is not None else "before its start"
-                logger.warning("run %s, its execution failed, was cancelled: ending it", run.id)
-                await finish_cancel(client, run, message=f"Cancelled {when}")
-            gone.add(run.id)
-    worker.abandoned -= gone
+        claimer = _worker_of(await _claimer(client, run))
+        if claimer is None:  # not claimed by a worker: a cancel's claim ends it itself
+            continue
+        if claimer not in ours:
+            if online is None:
+                online = set(await prefect_runs.online_workers(client, pool=catalog.DELIVERY_POOL))
+            if claimer in online:
+                continue
+        when = "while running" if run.start_time is not None else "before its start"
+        logger.warning("run %s, cancelled, is executed by no worker: ending it", run.id)
+        await finish_cancel(client, run, message=f"Cancelled {when}")
 
 
 async def _claimer(client: PrefectClient, run: FlowRun) -> str | None:

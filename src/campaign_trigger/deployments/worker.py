@@ -142,9 +142,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self.running: dict[UUID, tuple[FlowRun, str]] = {}  # each with its flow's name
-        # Runs whose execution here failed before Prefect's engine ended them (see
-        # _execute): still claimed by this worker; the cancel watch ends them if cancelled.
-        self.abandoned: set[UUID] = set()
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor = idle_poll_factor
         self.wake_gap, self._wake_poll_due, self._wake_polled = wake_gap, False, 0.0
@@ -397,7 +394,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             logger.debug("run %s claimed by someone else", flow_run.id)
             return False
         freeze.renew(sent_at)  # its Pending state: a sign of life as good as a heartbeat
-        self.abandoned.discard(flow_run.id)  # taken over again, by this worker
         if self.queue == "default":  # a request's own run, not a share of its chunks
             try:
                 await upkeep.own_run(flow_run, owner=self.name)
@@ -405,6 +401,10 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
                 logger.warning("run %s: its worker not noted on the request: %r", flow_run.id, exc)
         self._start_soon(self._execute, flow_run)
         return True
+
+    def executes(self, flow_run_id: UUID) -> bool:
+        """Whether this worker executes the run (claiming it, or claimed and not ended)."""
+        return flow_run_id in self._submitting_flow_run_ids
 
     def _forget_submission(self, flow_run_id: UUID) -> None:
         self._submitting_flow_run_ids.discard(flow_run_id)
@@ -416,10 +416,8 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             await self.run(flow_run, self.job_configuration())
         except Exception as exc:
             # The engine reports the run's state itself; an error before it began leaves
-            # the run claimed: the dead-run watch hands it over, and a cancel meanwhile
-            # (its Cancelling: no worker stops it) is ended by this worker's cancel watch
-            # (upkeep.stop_cancelled_runs). A bug: its traceback.
-            self.abandoned.add(flow_run.id)
+            # the run claimed: the dead-run watch hands it over, and a cancel meanwhile is
+            # ended by the cancel watch (upkeep.stop_cancelled_runs). A bug: its traceback.
             logger.warning("run %s ended with %r", flow_run.id, exc, exc_info=True)
         finally:
             self._release_limit_slot(flow_run.id)
