@@ -17,6 +17,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelling
 
+from campaign_trigger.config import get_settings
 from campaign_trigger.services import prefect_runs
 from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.models import Platform, RequestState
@@ -238,8 +239,8 @@ async def test_a_run_cancelled_after_its_worker_was_killed_is_ended_by_another(
     """A worker claims a run scheduled ahead and waits for its time with it (Pending); it
     is SIGKILLed, and the run cancelled in the UI (Cancelling). No worker executes it, and
     the dead-run automation counts Cancelling as at rest: it stayed Cancelling for good.
-    Another worker ends it Cancelled once Prefect counts the killed one offline; nothing
-    goes out at its time."""
+    Another worker ends it Cancelled once Prefect counts the killed one offline and the
+    run has been Cancelling for the dead-run limit; nothing goes out at its time."""
     worker = start_worker("--prefetch-seconds", "20")
     tenant = seed_tenant()
     prefix = f"lost-{uuid.uuid4().hex[:6]}"
@@ -252,10 +253,13 @@ async def test_a_run_cancelled_after_its_worker_was_killed_is_ended_by_another(
     notify_new_request(request_id)
     run = await wait_for_state(request_id, "PENDING", timeout=10)  # claimed, waiting
     worker.kill()
+    cancelled_at = datetime.now(UTC)  # (before the state's time)
     async with get_client() as client:
         await client.set_flow_run_state(run.id, Cancelling())
     start_worker()
-    run = await wait_for_state(request_id, "CANCELLED", timeout=90)
+    run = await wait_for_state(request_id, "CANCELLED", timeout=120)
+    limit = get_settings().dead_run_after_seconds
+    assert datetime.now(UTC) - cancelled_at >= timedelta(seconds=limit)  # not before
     assert run.state is not None
     assert run.state.message == "Cancelled before its start"
     await asyncio.sleep(max(0.0, (send_at - datetime.now(UTC)).total_seconds()) + 1.5)

@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 from prefect import get_client
@@ -190,42 +191,50 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
     The messages in flight are abandoned (their outcomes are not recorded); the run ends
     Cancelled and the request is mirrored as canceled.
     """
-    runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING])
-    unexecuted = [run for run in runs if not any(w.executes(run.id) for w in workers)]
-    if unexecuted:
-        await _end_unexecuted(workers, client, unexecuted)
+    active = [run_id for worker in workers for run_id in worker.active]
+    runs = []
+    if active:
+        runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
     for run in runs:
-        tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
-        if not tasks:
-            continue  # executed elsewhere, or claimed here and not begun (it ends at once)
         # The request is marked canceled before the stop, whose Crashed and crash hook then
         # leave it so; unless it was processed: the run completes, as it is about to.
         if not await cancel_unless_processed(client, run):
+            continue
+        tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
+        if not tasks:
             continue
         # A run claimed ahead of its time waits for it in its worker, not yet Running.
         when = "while running" if run.start_time is not None else "before its start"
         logger.warning("run %s was cancelled %s: stopping it", run.id, when)
         await asyncio.gather(tasks[0], return_exceptions=True)
         await finish_cancel(client, run, message=f"Cancelled {when}")
+    await _end_unexecuted(workers, client)
 
 
-async def _end_unexecuted(
-    workers: list[DeliveryWorker], client: PrefectClient, runs: list[FlowRun]
-) -> None:
+async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) -> None:
     """End Cancelled the cancelled runs no worker executes: claimed by a worker of this
-    process whose execution of it failed before Prefect's engine ended it, or by a worker
-    Prefect counts offline (it died). No one else ends them: the dead-run automation
-    counts Cancelling as at rest, and they stayed Cancelling for good. A run claimed by a
-    live worker elsewhere is its worker's to stop."""
+    process whose execution of it failed before Prefect's engine ended it; or claimed by
+    a worker Prefect counts offline, and Cancelling for longer than the dead-run limit
+    (``CT_DEAD_RUN_AFTER_SECONDS``: a worker alive stops its run within seconds; one
+    frozen or cut off that long exits before it sends again, as when its runs are taken
+    over). No one else ends them: the dead-run automation counts Cancelling as at rest,
+    and they stayed Cancelling for good."""
+    runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING])
     ours = {worker.name for worker in workers}
+    limit = timedelta(seconds=get_settings().dead_run_after_seconds)
     online: set[str] | None = None
     for run in runs:
+        if run.state is None or any(worker.executes(run.id) for worker in workers):
+            continue
         claimer = _worker_of(await _claimer(client, run))
         if claimer is None:  # not claimed by a worker: a cancel's claim ends it itself
             continue
         if claimer not in ours:
+            if run.state.timestamp > datetime.now(UTC) - limit:
+                continue
             if online is None:
-                online = set(await prefect_runs.online_workers(client, pool=catalog.DELIVERY_POOL))
+                pool = catalog.DELIVERY_POOL
+                online = set(await prefect_runs.online_workers(client, pool=pool))
             if claimer in online:
                 continue
         when = "while running" if run.start_time is not None else "before its start"
