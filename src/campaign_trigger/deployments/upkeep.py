@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
+from uuid import UUID
 
 from prefect import get_client
 from prefect.client.orchestration import PrefectClient
@@ -191,10 +192,16 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
     The messages in flight are abandoned (their outcomes are not recorded); the run ends
     Cancelled and the request is mirrored as canceled.
     """
-    active = [run_id for worker in workers for run_id in worker.active]
-    runs = []
-    if active:
-        runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
+    if active := [run_id for worker in workers for run_id in worker.active]:
+        await _stop_cancelled(workers, client, active)
+    await _end_unexecuted(workers, client)
+
+
+async def _stop_cancelled(
+    workers: list[DeliveryWorker], client: PrefectClient, active: list[UUID]
+) -> None:
+    """Stop the runs of ``active`` (executed here) set Cancelling."""
+    runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
     for run in runs:
         # The request is marked canceled before the stop, whose Crashed and crash hook then
         # leave it so; unless it was processed: the run completes, as it is about to.
@@ -203,12 +210,16 @@ async def stop_cancelled_runs(workers: list[DeliveryWorker], client: PrefectClie
         tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
         if not tasks:
             continue
-        # A run claimed ahead of its time waits for it in its worker, not yet Running.
-        when = "while running" if run.start_time is not None else "before its start"
+        when = _when(run)
         logger.warning("run %s was cancelled %s: stopping it", run.id, when)
         await asyncio.gather(tasks[0], return_exceptions=True)
         await finish_cancel(client, run, message=f"Cancelled {when}")
-    await _end_unexecuted(workers, client)
+
+
+def _when(run: FlowRun) -> str:
+    """When the run was cancelled: a run claimed ahead of its time waits for it in its
+    worker, not yet Running."""
+    return "while running" if run.start_time is not None else "before its start"
 
 
 async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) -> None:
@@ -237,9 +248,8 @@ async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) 
                 online = set(await prefect_runs.online_workers(client, pool=pool))
             if claimer in online:
                 continue
-        when = "while running" if run.start_time is not None else "before its start"
         logger.warning("run %s, cancelled, is executed by no worker: ending it", run.id)
-        await finish_cancel(client, run, message=f"Cancelled {when}")
+        await finish_cancel(client, run, message=f"Cancelled {_when(run)}")
 
 
 async def _claimer(client: PrefectClient, run: FlowRun) -> str | None:
