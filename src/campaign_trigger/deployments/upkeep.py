@@ -228,8 +228,9 @@ async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) 
     a worker Prefect counts offline, and Cancelling for longer than the dead-run limit
     (``CT_DEAD_RUN_AFTER_SECONDS``: a worker alive stops its run within seconds; one
     frozen or cut off that long exits before it sends again, as when its runs are taken
-    over). No one else ends them: the dead-run automation counts Cancelling as at rest,
-    and they stayed Cancelling for good."""
+    over). No one else ends them in time: the dead-run automation counts Cancelling as
+    at rest, and Prefect's cancellation clean-up forces them Cancelled only after five
+    minutes, without asking whether their requests were processed."""
     runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING])
     ours = {worker.name for worker in workers}
     limit = timedelta(seconds=get_settings().dead_run_after_seconds)

@@ -141,6 +141,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.queue = queue
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
+        self._stopped: set[UUID] = set()  # runs stop_run cancelled, their tasks not ended
         self.running: dict[UUID, tuple[FlowRun, str]] = {}  # each with its flow's name
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor = idle_poll_factor
@@ -414,12 +415,20 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
     async def _execute(self, flow_run: FlowRun) -> None:
         try:
             await self.run(flow_run, self.job_configuration())
+        except asyncio.CancelledError:
+            if flow_run.id not in self._stopped:
+                raise
+            # Stopped by its cancel (stop_run): the run ends here and its task returns.
+            # A task of anyio's group that ended cancelled would cancel the whole group:
+            # every other run of this worker, and its polls and heartbeats.
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
         except Exception as exc:
             # The engine reports the run's state itself; an error before it began leaves
             # the run claimed: the dead-run watch hands it over, and a cancel meanwhile is
             # ended by the cancel watch (upkeep.stop_cancelled_runs). A bug: its traceback.
             logger.warning("run %s ended with %r", flow_run.id, exc, exc_info=True)
         finally:
+            self._stopped.discard(flow_run.id)
             self._release_limit_slot(flow_run.id)
             self._forget_submission(flow_run.id)
         if self._woken:  # a run was scheduled while every slot was taken: this one's now
@@ -498,9 +507,11 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         return None
 
     def stop_run(self, flow_run_id: UUID) -> asyncio.Task[Any] | None:
-        """Cancel the asyncio task executing ``flow_run_id`` (if this worker runs it)."""
+        """Cancel the asyncio task executing ``flow_run_id`` (if this worker runs it); that
+        run alone ends (:meth:`_execute`)."""
         task = self.active.get(flow_run_id)
         if task is not None:
+            self._stopped.add(flow_run_id)
             task.cancel()
         return task
 

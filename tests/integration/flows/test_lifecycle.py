@@ -617,3 +617,53 @@ async def test_a_run_whose_start_failed_in_its_worker_is_ended_by_a_cancel_there
 
 def _no_event_stream(**kwargs: object) -> contextlib.AbstractAsyncContextManager[object]:
     raise OSError("no event stream")
+
+
+async def test_a_run_stopped_by_its_cancel_leaves_the_other_runs_of_its_worker_running(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One of two runs a worker executes is cancelled in the UI while both send: the
+    other completes, every one of its devices gets its message once, and the worker goes
+    on claiming (a third request, created after the cancel, is delivered)."""
+    monkeypatch.setenv("CT_CHUNK_SIZE", "1")
+    get_settings.cache_clear()
+    subscribed = sweeps_on_events_only(monkeypatch)
+    tenant = tenant_with_webhook()
+    prefix = uuid.uuid4().hex[:6]
+    cancelled, kept, later_one = (
+        bulk_audience(tenant, users=users, prefix=f"{prefix}{n}")
+        for n, users in enumerate((300, 60, 3))
+    )
+    for audience in (cancelled, kept, later_one):
+        add_devices(audience.devices)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=1)
+    )
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        cancelled_id = add_request(tenant, cancelled.users, send_at=later(0))
+        kept_id = add_request(tenant, kept.users, send_at=later(0))
+        await drain()
+        run = await wait_for_state(cancelled_id, "RUNNING", timeout=30)
+        await wait_for_state(kept_id, "RUNNING", timeout=30)
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling())
+        run = await wait_for_state(cancelled_id, "CANCELLED", "COMPLETED", timeout=30)
+        kept_run = await wait_for_state(kept_id, "COMPLETED", "CRASHED", "FAILED", timeout=60)
+        later_id = add_request(tenant, later_one.users, send_at=later(0))
+        await drain()
+        later_run = await wait_for_state(later_id, "COMPLETED", "CRASHED", "FAILED", timeout=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, timeout=60)
+        get_settings.cache_clear()
+    assert state_name(run) == "CANCELLED"
+    assert state_name(kept_run) == "COMPLETED"
+    assert state_name(later_run) == "COMPLETED"
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    for audience in (kept, later_one):
+        assert [per_token.get(device.token, 0) for device in audience.devices] == [1] * len(
+            audience.devices
+        )
+    assert load_request(kept_id).state == RequestState.processed
