@@ -361,21 +361,30 @@ def sweeps_on_events_only(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
 
 
 @contextlib.asynccontextmanager
-async def worker_on_events_only(
-    monkeypatch: pytest.MonkeyPatch, *, poll_seconds: float
-) -> AsyncIterator[None]:
-    """An in-process worker (two slots) whose sweeps look only on events
-    (:func:`sweeps_on_events_only`), from the moment its event subscription is open; it
-    stops at the end."""
-    subscribed = sweeps_on_events_only(monkeypatch)
+async def worker_once_subscribed(subscribed: asyncio.Event, **options: Any) -> AsyncIterator[None]:
+    """An in-process worker (two slots, ``run_worker``'s other ``options``), from the
+    moment ``subscribed`` is set (its event subscription open); it stops at the end."""
     stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, poll_seconds=poll_seconds))
+    worker = asyncio.create_task(run_worker(concurrency=2, stop=stop, **options))
     try:
         await asyncio.wait_for(subscribed.wait(), timeout=60)
         yield
     finally:
         stop.set()
         await asyncio.wait_for(worker, timeout=60)
+
+
+@contextlib.asynccontextmanager
+async def worker_on_events_only(
+    monkeypatch: pytest.MonkeyPatch, *, poll_seconds: float
+) -> AsyncIterator[None]:
+    """An in-process worker (two slots) whose sweeps look only on events
+    (:func:`sweeps_on_events_only`), from the moment its event subscription is open; it
+    stops at the end."""
+    async with worker_once_subscribed(
+        sweeps_on_events_only(monkeypatch), poll_seconds=poll_seconds
+    ):
+        yield
 
 
 def run_slots(worker: DeliveryWorker) -> anyio.CapacityLimiter:

@@ -50,6 +50,7 @@ from delivery_support import (
     state_name,
     sweeps_on_events_only,
     wait_for_state,
+    worker_once_subscribed,
 )
 from support import ManagedProcess
 
@@ -504,21 +505,15 @@ async def test_a_run_cancelled_in_the_ui_while_running_is_stopped(
     tenant = tenant_with_webhook()
     audience = bulk_audience(tenant, users=300, prefix=uuid.uuid4().hex[:6])
     add_devices(audience.devices)
-    stop = asyncio.Event()
-    worker = asyncio.create_task(
-        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=1)
-    )
     try:
-        await asyncio.wait_for(subscribed.wait(), timeout=60)
-        request_id = add_request(tenant, audience.users, send_at=later(0))
-        await drain()
-        run = await wait_for_state(request_id, "RUNNING", timeout=30)
-        async with get_client() as client:
-            await client.set_flow_run_state(run.id, Cancelling())
-        run = await wait_for_state(request_id, "CANCELLED", "COMPLETED", timeout=30)
+        async with worker_once_subscribed(subscribed, poll_seconds=0.2, heartbeat_seconds=1):
+            request_id = add_request(tenant, audience.users, send_at=later(0))
+            await drain()
+            run = await wait_for_state(request_id, "RUNNING", timeout=30)
+            async with get_client() as client:
+                await client.set_flow_run_state(run.id, Cancelling())
+            run = await wait_for_state(request_id, "CANCELLED", "COMPLETED", timeout=30)
     finally:
-        stop.set()
-        await asyncio.wait_for(worker, timeout=60)
         get_settings.cache_clear()
     assert state_name(run) == "CANCELLED"
     per_token = sandbox_stats(sandbox_url)["per_token"]
@@ -636,27 +631,22 @@ async def test_a_run_stopped_by_its_cancel_leaves_the_other_runs_of_its_worker_r
     )
     for audience in (cancelled, kept, later_one):
         add_devices(audience.devices)
-    stop = asyncio.Event()
-    worker = asyncio.create_task(
-        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=1)
-    )
     try:
-        await asyncio.wait_for(subscribed.wait(), timeout=60)
-        cancelled_id = add_request(tenant, cancelled.users, send_at=later(0))
-        kept_id = add_request(tenant, kept.users, send_at=later(0))
-        await drain()
-        run = await wait_for_state(cancelled_id, "RUNNING", timeout=30)
-        await wait_for_state(kept_id, "RUNNING", timeout=30)
-        async with get_client() as client:
-            await client.set_flow_run_state(run.id, Cancelling())
-        run = await wait_for_state(cancelled_id, "CANCELLED", "COMPLETED", timeout=30)
-        kept_run = await wait_for_state(kept_id, "COMPLETED", "CRASHED", "FAILED", timeout=60)
-        later_id = add_request(tenant, later_one.users, send_at=later(0))
-        await drain()
-        later_run = await wait_for_state(later_id, "COMPLETED", "CRASHED", "FAILED", timeout=30)
+        async with worker_once_subscribed(subscribed, poll_seconds=0.2, heartbeat_seconds=1):
+            cancelled_id = add_request(tenant, cancelled.users, send_at=later(0))
+            kept_id = add_request(tenant, kept.users, send_at=later(0))
+            await drain()
+            run = await wait_for_state(cancelled_id, "RUNNING", timeout=30)
+            await wait_for_state(kept_id, "RUNNING", timeout=30)
+            async with get_client() as client:
+                await client.set_flow_run_state(run.id, Cancelling())
+            run = await wait_for_state(cancelled_id, "CANCELLED", "COMPLETED", timeout=30)
+            ended = ("COMPLETED", "CRASHED", "FAILED")
+            kept_run = await wait_for_state(kept_id, *ended, timeout=60)
+            later_id = add_request(tenant, later_one.users, send_at=later(0))
+            await drain()
+            later_run = await wait_for_state(later_id, *ended, timeout=30)
     finally:
-        stop.set()
-        await asyncio.wait_for(worker, timeout=60)
         get_settings.cache_clear()
     assert state_name(run) == "CANCELLED"
     assert state_name(kept_run) == "COMPLETED"
