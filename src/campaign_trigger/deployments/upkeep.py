@@ -238,19 +238,22 @@ async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) 
     for run in runs:
         if run.state is None or any(worker.executes(run.id) for worker in workers):
             continue
-        claimer = _worker_of(await _claimer(client, run))
-        if claimer is None:  # not claimed by a worker: a cancel's claim ends it itself
-            continue
-        if claimer not in ours:
-            if run.state.timestamp > datetime.now(UTC) - limit:
+        try:  # one run that cannot be read or ended does not hold back the others
+            claimer = _worker_of(await _claimer(client, run))
+            if claimer is None:  # not claimed by a worker: a cancel's claim ends it itself
                 continue
-            if online is None:
-                pool = catalog.DELIVERY_POOL
-                online = set(await prefect_runs.online_workers(client, pool=pool))
-            if claimer in online:
-                continue
-        logger.warning("run %s, cancelled, is executed by no worker: ending it", run.id)
-        await finish_cancel(client, run, message=f"Cancelled {_when(run)}")
+            if claimer not in ours:
+                if run.state.timestamp > datetime.now(UTC) - limit:
+                    continue
+                if online is None:
+                    pool = catalog.DELIVERY_POOL
+                    online = set(await prefect_runs.online_workers(client, pool=pool))
+                if claimer in online:
+                    continue
+            logger.warning("run %s, cancelled, is executed by no worker: ending it", run.id)
+            await finish_cancel(client, run, message=f"Cancelled {_when(run)}")
+        except Exception as exc:
+            logger.warning("run %s, cancelled: not ended this time: %r", run.id, exc)
 
 
 async def _claimer(client: PrefectClient, run: FlowRun) -> str | None:
