@@ -327,7 +327,10 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
             self._polled_window = self._window()
             submitting = set(self._submitting_flow_run_ids)
             runs = await super().get_and_submit_flow_runs()
-            claims = len(self._submitting_flow_run_ids - submitting)  # each a _submit_run
+            # Each a _submit_run: the runs handed out and new in the set. A take-over
+            # meanwhile adds its run too, but claims it itself: counted, it was never
+            # counted down, and every later poll waited for it for good.
+            claims = len({run.id for run in runs} - submitting)
             if claims:
                 self._claiming += claims
                 self._claims_settled.clear()

@@ -255,6 +255,26 @@ async def test_a_poll_waits_until_the_runs_the_last_one_was_handed_are_claimed(
         assert len(polls) == 2
 
 
+async def test_a_take_over_during_a_poll_does_not_hold_the_next_poll_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A run taken over while a poll waited for the server was counted as that poll's
+    # claim, and never counted down: every later poll waited for it, the queue unpolled.
+    worker = _polled_a_tick_ago(slots=2)
+    polls: list[float] = []
+
+    async def poll(self: DeliveryWorker) -> list[FlowRun]:
+        polls.append(time.monotonic())
+        await asyncio.sleep(0)  # the server answers; meanwhile a run is taken over
+        self._submitting_flow_run_ids.add(uuid.uuid4())  # as take_over does
+        return []
+
+    monkeypatch.setattr(BaseWorker, "get_and_submit_flow_runs", poll)
+    await worker._poll()
+    await asyncio.wait_for(worker._poll(), timeout=5)
+    assert len(polls) == 2
+
+
 def _handing_out(
     worker: DeliveryWorker,
     group: anyio.abc.TaskGroup,
