@@ -11,11 +11,13 @@ makes one share run, not one per share, and every worker with room takes part. A
 most ``CT_LIVE_SHARES`` share runs are not yet ended at a time. The request's run then
 waits for them, updating its progress artifact from the recorded chunks, and delivers
 whatever is still missing itself (a share that failed for good), so the report is
-always complete. Shares are cut from all of the request's chunks, never from the ones
-still missing, and are idempotent (key: request and first chunk): a taken-over request's
-run finds the very share runs it made, some maybe still running on other workers, and
-leaves them be. Chunks record every answer, so a share taken over after its worker died
-resumes where that worker stopped.
+always complete; unless a share's sends broke off (``SendsInterrupted``): its messages in
+flight may have gone without their answers recorded, so the request fails instead.
+Shares are cut from all of the request's chunks, never from the ones still missing, and
+are idempotent (key: request and first chunk): a taken-over request's run finds the very
+share runs it made, some maybe still running on other workers, and leaves them be.
+Chunks record every answer, so a share taken over after its worker died resumes where
+that worker stopped.
 
 In a worker process, shares (the request's own too) deliver their chunks through
 :class:`ShareSlots`: at most ``--chunk-concurrency`` chunks at a time, and a share run on
@@ -43,11 +45,11 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     FlowRunFilterParentFlowRunId,
 )
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.context import FlowRunContext
 from prefect.deployments.flow_runs import arun_deployment
 
-from campaign_trigger.services import prefect_runs
+from campaign_trigger.services import delivering, prefect_runs
 from campaign_trigger.services.delivery_run import DeliveryPlan
 from campaign_trigger.tasks import artifacts
 from campaign_trigger.tasks.delivery import recorded_chunk_count, recorded_chunks
@@ -170,10 +172,21 @@ async def _start_share(plan: DeliveryPlan, share: list[int]) -> UUID:
 async def _shares_made(run_id: UUID | None) -> dict[int, UUID]:
     """The share runs the request's run ``run_id`` made (before it was taken over, if it
     was), by their first chunk; none outside a flow run."""
+    return {r.parameters["chunk_nos"][0]: r.id for r in await _share_runs(run_id)}
+
+
+def _run_id() -> UUID | None:
+    """The flow run this runs in (the request's), if any."""
+    context = FlowRunContext.get()
+    return context.flow_run.id if context and context.flow_run else None
+
+
+async def _share_runs(run_id: UUID | None) -> list[FlowRun]:
+    """The share runs the request's run ``run_id`` made, read a page at a time."""
     if run_id is None:
-        return {}
+        return []
     page = prefect_runs.PAGE_LIMIT
-    made: dict[int, UUID] = {}
+    made: list[FlowRun] = []
     async with get_client() as client:
         while True:
             runs = await client.read_flow_runs(
@@ -183,9 +196,20 @@ async def _shares_made(run_id: UUID | None) -> dict[int, UUID]:
                 limit=page,
                 offset=len(made),
             )
-            made.update((r.parameters["chunk_nos"][0], r.id) for r in runs)
+            made.extend(runs)
             if len(runs) < page:
                 return made
+
+
+def _broke_off(run: FlowRun) -> bool:
+    """Whether the share run failed as a chunk's sends broke off (``SendsInterrupted``,
+    named in the message of the Failed state Prefect's engine gave the run)."""
+    state = run.state
+    return (
+        state is not None
+        and state.type == StateType.FAILED
+        and f"{delivering.SendsInterrupted.__name__}:" in (state.message or "")
+    )
 
 
 async def _not_ended(run_ids: list[UUID]) -> dict[UUID, bool]:
@@ -246,9 +270,14 @@ async def _here(
 ) -> None:
     """The shares the request's run delivers itself. A chunk that fails for good ends
     them, not the request: its chunks are delivered again once every share has ended,
-    and the shares not begun are offered to the workers, while the share runs go on."""
+    and the shares not begun are offered to the workers, while the share runs go on. A
+    chunk whose sends broke off is not delivered again (its messages in flight would go
+    twice): the request fails once every share has ended."""
     try:
         await deliver_here(chunks)
+    except delivering.SendsInterrupted:
+        chunks.close()  # the shares not begun go to the workers; the request then fails
+        raise
     except Exception:
         chunks.close()
         logger.exception("request %s: its own shares failed; retried at the end", plan.request_id)
@@ -282,8 +311,7 @@ async def fan_out(
     run elsewhere) and leaves them be; the shares it finds not made it takes or offers
     again, from what is recorded of them.
     """
-    context = FlowRunContext.get()
-    made = await _shares_made(context.flow_run.id if context and context.flow_run else None)
+    made = await _shares_made(_run_id())
     left = collections.deque(
         share
         for share in shares(range(plan.chunk_count), per_run)
@@ -339,4 +367,10 @@ async def fan_out(
             del _chunk_ends[plan.request_id]
     progress.show(done)
     await progress.close()
-    return set(range(plan.chunk_count)) - await recorded_chunks(plan.request_id)
+    missing = set(range(plan.chunk_count)) - await recorded_chunks(plan.request_id)
+    if missing and (broken := [r for r in await _share_runs(_run_id()) if _broke_off(r)]):
+        raise delivering.SendsInterrupted(
+            f"request {plan.request_id}: the sends of share run {broken[0].name} broke off; "
+            "its chunks are not sent again, so that no message in flight goes twice"
+        )
+    return missing

@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +22,9 @@ from prefect.client.schemas.objects import FlowRun, State, StateType, TaskRun
 from prefect.states import Cancelled, Cancelling, Completed, Crashed, Running, Scheduled
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.delivery.base import PushMessage, PushResult
 from campaign_trigger.delivery.sandbox_rules import SandboxState
+from campaign_trigger.delivery.sending import RetryingSender
 from campaign_trigger.flows import fan_out
 from campaign_trigger.flows.deliver import deliver_chunks
 from campaign_trigger.services import prefect_runs, request_states
@@ -138,6 +140,47 @@ async def test_a_large_request_is_delivered_through_subflow_shares(
     assert sorted(t.name for t in recorded if t.flow_run_id in share_ids) == sorted(
         t.name for t in chunks if t.flow_run_id in share_ids
     )
+
+
+@pytest.mark.parametrize("broken", ["the request's own share", "a share run"])
+async def test_a_chunk_whose_sends_broke_off_is_not_sent_again_by_its_request(
+    four_chunks_per_run: None,
+    worker: None,
+    sandbox_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    broken: str,
+) -> None:
+    # 25 users in chunks of 3: the request's run sends chunk 1 itself, a share run chunk
+    # 9. The sends of one breaks off after its messages reached the provider, their
+    # answers not recorded: the request's run sent that chunk again at its end.
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=25, prefix=f"fan-{uuid.uuid4().hex[:6]}")
+    add_devices(audience.devices)
+    user = audience.users[0 if broken == "the request's own share" else -1]
+    token = next(d.token for d in audience.devices if d.user_id == user)
+    send_many, broke = RetryingSender.send_many, asyncio.Event()
+
+    async def breaking_off(
+        self: RetryingSender, messages: Sequence[PushMessage], **options: Any
+    ) -> list[PushResult]:
+        if broke.is_set() or all(m.token != token for m in messages):
+            return await send_many(self, messages, **options)
+        broke.set()
+        await send_many(self, messages)  # sent, their answers not recorded
+        raise RuntimeError("the answers could not be recorded")
+
+    monkeypatch.setattr(RetryingSender, "send_many", breaking_off)
+    request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=3)
+    await drain()
+    run = await wait_for_state(request_id, "COMPLETED", "FAILED", "CRASHED", timeout=120)
+    assert broke.is_set()
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert per_token.get(token) == 1
+    assert max(per_token.get(d.token, 0) for d in audience.devices) == 1  # none twice
+    assert state_name(run) == "FAILED"
+    assert run.state is not None
+    assert "SendsInterrupted" in (run.state.message or "")
+    assert load_request(request_id).state == RequestState.failed
 
 
 @pytest.fixture
