@@ -545,17 +545,18 @@ async def run_worker(
     prefetch_seconds: float = 2.0,
     heartbeat_seconds: int = 10,
     reconcile: bool = True,
-) -> None:
-    """Run a delivery worker process until ``stop`` is set: a Prefect worker of the pool's
-    ``default`` queue (requests, ``concurrency`` at a time), one of its ``chunks`` queue
-    (the shares of large requests, ``chunk_concurrency`` chunks at a time: a request
-    waiting for its shares never holds the slots they need; a share on its last chunk
-    hands its slot to the next), and the upkeep loops."""
+) -> bool:
+    """Run a delivery worker process until ``stop`` is set (False), or until one of its
+    queues' workers stops on its own (True: start the process again): a Prefect worker of
+    the pool's ``default`` queue (requests, ``concurrency`` at a time), one of its
+    ``chunks`` queue (the shares of large requests, ``chunk_concurrency`` chunks at a
+    time: a request waiting for its shares never holds the slots they need; a share on its
+    last chunk hands its slot to the next), and the upkeep loops."""
     stop = stop or asyncio.Event()
     share_prefect_ssl_contexts()
     registered = await upkeep.until_prefect_answers(register.ensure_deployments, stop)
     if registered is None:
-        return
+        return False
     name = new_worker_name()
     # A request scheduled ahead is claimed as it comes within the prefetch, at the next
     # tick (its time looked up after its event) or, without an event stream, at an idle
@@ -621,8 +622,9 @@ async def run_worker(
                 upkeep.watch_again_once_loaded(registered, stop),
             )
             logger.info("worker %s ready: polling every %.1f s", name, poll_seconds)
+            ended: asyncio.Task[Any] | None = None
             try:
-                await stop.wait()
+                ended = await _until_stopped(stop, serving)
             finally:
                 active = [task for w in workers for task in w.active.values()]
                 if active:
@@ -635,6 +637,25 @@ async def run_worker(
                 fan_out.share_slots = None
                 with contextlib.suppress(Exception):
                     await close_providers()
+    if ended is not None:
+        exc = None if ended.cancelled() else ended.exception()
+        logger.error("a queue's worker stopped (%r): the process exits to be started again", exc)
+    return ended is not None
+
+
+async def _until_stopped(
+    stop: asyncio.Event, serving: list[asyncio.Task[Any]]
+) -> asyncio.Task[Any] | None:
+    """Wait for ``stop``, or for a queue's worker that ended on its own (returned): its
+    polling and heartbeats were over. Prefect's loops end so after about twelve failures
+    in a row (a Prefect server out for minutes): the process, alive, claimed nothing more
+    and looked idle; it now exits (:func:`main`) for its supervisor to start it again."""
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([stopped, *serving], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    return None if stop.is_set() else next((t for t in serving if t.done()), None)
 
 
 def settle_collector() -> None:
@@ -658,7 +679,8 @@ def settle_collector() -> None:
 
 
 def main(*, concurrency: int = 4, **options: Any) -> None:
-    """Run a worker until SIGINT/SIGTERM (in-flight runs finish first); its metrics on
+    """Run a worker until SIGINT/SIGTERM (in-flight runs finish first), or until one of
+    its queues' workers stopped (exit code 75: start it again); its metrics on
     ``CT_WORKER_METRICS_PORT`` when set."""
     settings = get_settings()
     logs.configure(settings.log_format)
@@ -671,11 +693,12 @@ def main(*, concurrency: int = 4, **options: Any) -> None:
         logger.info("metrics on http://0.0.0.0:%d/metrics", port)
     settle_collector()
 
-    async def serve() -> None:
+    async def serve() -> bool:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(concurrency=concurrency, stop=stop, **options)
+        return await run_worker(concurrency=concurrency, stop=stop, **options)
 
-    asyncio.run(serve())
+    if asyncio.run(serve()):
+        raise SystemExit(freeze.EXIT_CODE)

@@ -288,3 +288,24 @@ async def test_a_delivery_suspended_in_the_ui_stops_at_its_next_step(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
         )
     assert "assemble report" not in {t.name for t in task_runs}
+
+
+async def test_a_worker_whose_queue_stopped_serving_ends_to_be_started_again(
+    deployed: ManagedProcess,
+) -> None:
+    """Prefect's polling and heartbeat loops end a worker's ``start`` after about twelve
+    failures in a row (a Prefect server out for minutes): the process, alive, claimed
+    nothing more and looked idle, until it was stopped. It now ends at once, saying to
+    start it again (``campaign-trigger worker`` exits with 75)."""
+    from campaign_trigger.deployments.worker import run_worker
+
+    async def start(self: DeliveryWorker, *args: object, **kwargs: object) -> None:
+        await asyncio.sleep(1)  # serving a while
+        raise RuntimeError("Service exceeded error threshold")  # as Prefect's loops say
+
+    stop = asyncio.Event()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DeliveryWorker, "start", start)
+        restart = await asyncio.wait_for(run_worker(concurrency=1, stop=stop), timeout=60)
+    assert restart is True
+    assert not stop.is_set()
