@@ -142,6 +142,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         self.concurrency = concurrency
         self.active: dict[UUID, asyncio.Task[Any]] = {}
         self._stopped: set[UUID] = set()  # runs stop_run cancelled, their tasks not ended
+        self.claiming = True  # False once the process stops: see drain
         self.running: dict[UUID, tuple[FlowRun, str]] = {}  # each with its flow's name
         self._flows: dict[UUID, Flow[..., Any]] = {}
         self.idle_poll_factor = idle_poll_factor
@@ -300,6 +301,8 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         """A tick of Prefect's polling loop: :meth:`next_step`'s. A look that finds the
         earliest run within the prefetch polls at once (one scheduled ahead, or one whose
         event came before the server answered with it), then looks for the next."""
+        if not self.claiming:
+            return []
         step = self.next_step()
         if step == "look":
             await self._look_ahead()
@@ -321,7 +324,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         ``woken``: a wake's poll, not made if a poll since the wake went first."""
         async with self._poll_lock:
             await self._claims_settled.wait()
-            if woken and not self._woken:
+            if (woken and not self._woken) or not self.claiming:
                 return []
             self._polled, self._woken = time.monotonic(), False  # a wake from now: again
             self._polled_window = self._window()
@@ -366,7 +369,7 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         The claim is the same race-free transition as for a due run: Crashed -> Pending
         is accepted once; the second worker's Pending -> Pending is refused.
         """
-        if self._limiter is None:
+        if self._limiter is None or not self.claiming:
             return False
         try:
             self._limiter.acquire_on_behalf_of_nowait(flow_run.id)
@@ -509,6 +512,18 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         """A pending run is cancelled by the server's state alone: nothing runs yet."""
         return None
 
+    async def drain(self) -> None:
+        """Claim nothing more, and return once every run claimed or executed here has
+        ended. A run claimed as the process stopped used to be cancelled with the worker's
+        task group once the runs executed at the stop had ended: it crashed mid-send, its
+        request failed."""
+        self.claiming = False
+        while self._submitting_flow_run_ids:
+            if active := list(self.active.values()):
+                await asyncio.gather(*active, return_exceptions=True)
+            else:  # a claim on its way, or a run claimed and not yet started
+                await asyncio.sleep(0.1)
+
     def stop_run(self, flow_run_id: UUID) -> asyncio.Task[Any] | None:
         """Cancel the asyncio task executing ``flow_run_id`` (if this worker runs it); that
         run alone ends (:meth:`_execute`)."""
@@ -626,10 +641,13 @@ async def run_worker(
             try:
                 ended = await _until_stopped(stop, serving)
             finally:
-                active = [task for w in workers for task in w.active.values()]
-                if active:
-                    logger.info("waiting for %d runs to finish", len(active))
-                    await asyncio.gather(*active, return_exceptions=True)
+                if busy := sum(len(w._submitting_flow_run_ids) for w in workers):
+                    logger.info("waiting for %d runs to finish", busy)
+                # Requests first: a request's run here may need its shares claimed. Not a
+                # worker whose start ended: its runs ended with its task group.
+                for worker, serves in zip(workers, serving, strict=True):
+                    if not serves.done():
+                        await worker.drain()
                 for task in serving:
                     task.cancel()
                 loops.cancel()

@@ -657,3 +657,47 @@ async def test_a_run_stopped_by_its_cancel_leaves_the_other_runs_of_its_worker_r
             audience.devices
         )
     assert load_request(kept_id).state == RequestState.processed
+
+
+async def test_a_worker_stopping_claims_nothing_more_and_ends_what_it_runs(
+    deployed: ManagedProcess, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop (SIGTERM's): the request the worker runs is delivered to its end, and one
+    made meanwhile is left to another worker. Claimed during the wait, it was cancelled
+    with the worker's task group if still running once the first had ended: crashed
+    mid-send, its request failed."""
+    monkeypatch.setenv("CT_CHUNK_SIZE", "1")
+    get_settings.cache_clear()
+    subscribed = sweeps_on_events_only(monkeypatch)
+    tenant = tenant_with_webhook()
+    prefix = uuid.uuid4().hex[:6]
+    running, made_after = (
+        bulk_audience(tenant, users=users, prefix=f"{prefix}{n}")
+        for n, users in enumerate((120, 3))
+    )
+    for audience in (running, made_after):
+        add_devices(audience.devices)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(concurrency=2, stop=stop, poll_seconds=0.2, heartbeat_seconds=1)
+    )
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=60)
+        running_id = add_request(tenant, running.users, send_at=later(0))
+        await drain()
+        await wait_for_state(running_id, "RUNNING", timeout=30)
+        stop.set()
+        after_id = add_request(tenant, made_after.users, send_at=later(0))
+        await drain()
+        await asyncio.wait_for(worker, timeout=120)
+    finally:
+        stop.set()
+        get_settings.cache_clear()
+    assert state_name(await read_run(running_id)) == "COMPLETED"
+    after = await read_run(after_id)
+    assert after is not None
+    assert after.state is not None
+    assert after.state.type == StateType.SCHEDULED  # never claimed here
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(d.token, 0) for d in running.devices] == [1] * len(running.devices)
+    assert sum(per_token.get(d.token, 0) for d in made_after.devices) == 0
