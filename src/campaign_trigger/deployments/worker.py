@@ -301,8 +301,6 @@ class DeliveryWorker(BaseWorker[BaseJobConfiguration, BaseVariables, DeliveryRes
         """A tick of Prefect's polling loop: :meth:`next_step`'s. A look that finds the
         earliest run within the prefetch polls at once (one scheduled ahead, or one whose
         event came before the server answered with it), then looks for the next."""
-        if not self.claiming:
-            return []
         step = self.next_step()
         if step == "look":
             await self._look_ahead()

@@ -308,4 +308,3 @@ async def test_a_worker_whose_queue_stopped_serving_ends_to_be_started_again(
         patch.setattr(DeliveryWorker, "start", start)
         restart = await asyncio.wait_for(run_worker(concurrency=1, stop=stop), timeout=60)
     assert restart is True
-    assert not stop.is_set()

@@ -689,6 +689,9 @@ async def test_a_worker_stopping_claims_nothing_more_and_ends_what_it_runs(
         stop.set()
         after_id = add_request(tenant, made_after.users, send_at=later(0))
         await drain()
+        # the second request due while the first still runs: a worker still claiming
+        # would take it at its next poll
+        assert state_name(await read_run(running_id)) == "RUNNING"
         await asyncio.wait_for(worker, timeout=120)
     finally:
         stop.set()
