@@ -115,24 +115,38 @@ async def finish_cancel(
         await prefect_runs.stop_request_of_share(client, run.parent_task_run_id)
 
 
-async def cancel_unless_processed(client: PrefectClient, run: FlowRun) -> bool:
+async def cancel_unless_processed(
+    client: PrefectClient, run: FlowRun, *, goes_on: bool = False
+) -> bool:
     """Mark the run's request (a share's: the request it is part of) canceled unless it
     is processed; whether it is canceled. One update decides against the report's
     (``set_state`` never leaves either). A cancel that comes after the report (the UI's
     *Cancel* as the run ends) has nothing left to stop: the request stays processed, and
     its run is completed here (:func:`prefect_runs.complete_cancelled_too_late`), not
-    Cancelled after request.processed was announced."""
+    Cancelled after request.processed was announced.
 
-    def write() -> bool:
+    ``goes_on``: the run executes here and goes on unless stopped. If every chunk of its
+    request is recorded, nothing is left to stop either: it is left to write the report,
+    and its end completes it (the request used to end canceled with every message sent).
+    A chunk recorded between this read and the update is not seen: the cancel then stops
+    a run that had only its report left."""
+
+    def write() -> bool | None:
         with session_scope() as session:
             request_id = _request_of(run)
+            if goes_on and delivery_run.delivered(session=session, request_id=request_id):
+                return None
             request_states.set_state(
                 session=session, request_id=request_id, state=RequestState.canceled
             )
             request = session.get(Request, request_id)
             return request is None or request.state != RequestState.processed
 
-    if await asyncio.to_thread(write):
+    canceled = await asyncio.to_thread(write)
+    if canceled is None:
+        logger.info("run %s was cancelled after every chunk was sent: its report goes on", run.id)
+        return False
+    if canceled:
         return True
     logger.warning("run %s was cancelled after its request was processed", run.id)
     await prefect_runs.complete_cancelled_too_late(client, run.id)
@@ -204,8 +218,9 @@ async def _stop_cancelled(
     runs = await prefect_runs.runs_in_states(client, states=[StateType.CANCELLING], ids=active)
     for run in runs:
         # The request is marked canceled before the stop, whose Crashed and crash hook then
-        # leave it so; unless it was processed: the run completes, as it is about to.
-        if not await cancel_unless_processed(client, run):
+        # leave it so; unless it was processed, or sent and its report being written: the
+        # run completes, as it is about to.
+        if not await cancel_unless_processed(client, run, goes_on=True):
             continue
         tasks = [t for t in (w.stop_run(run.id) for w in workers) if t is not None]
         if not tasks:

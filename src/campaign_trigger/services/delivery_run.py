@@ -20,10 +20,9 @@ from sqlmodel import Session, col, select
 from campaign_trigger.config import Settings
 from campaign_trigger.delivery.base import PushOptions
 from campaign_trigger.errors import CampaignTriggerError, RequestNotFound
-from campaign_trigger.services import audience, request_states
+from campaign_trigger.services import audience, outcome_log, request_states
 from campaign_trigger.services.campaign_content import push_options
 from campaign_trigger.services.delivering import ChunkJob
-from campaign_trigger.services.outcome_log import recorded_chunks
 from campaign_trigger.store.models import Campaign, Channel, Request, RequestState
 
 
@@ -89,6 +88,16 @@ def own_run(*, session: Session, request_id: str, owner: str) -> None:
     session.execute(update(Request).where(col(Request.id) == request_id).values(run_owner=owner))
 
 
+def delivered(*, session: Session, request_id: str) -> bool:
+    """Whether the request runs with every chunk recorded: nothing is left to send, its run
+    writes the report."""
+    request = session.get(Request, request_id)
+    if request is None or request.state != RequestState.running:
+        return False
+    count = audience.chunk_count(request.message_count, request.chunk_size)
+    return outcome_log.recorded_chunk_count(session=session, request_id=request_id) >= count
+
+
 def load_request(*, session: Session, request_id: str) -> tuple[Request, Campaign]:
     request = session.get(Request, request_id)
     if request is None:
@@ -104,7 +113,7 @@ def read_plan(*, session: Session, request_id: str) -> DeliveryPlan:
     is): for a share of its chunks run elsewhere."""
     request, campaign = load_request(session=session, request_id=request_id)
     plan = delivery_plan(session=session, request=request, campaign=campaign)
-    plan.recorded = recorded_chunks(session=session, request_id=request_id)
+    plan.recorded = outcome_log.recorded_chunks(session=session, request_id=request_id)
     plan.canceled = request.state == RequestState.canceled
     return plan
 

@@ -24,6 +24,7 @@ from campaign_trigger.config import get_settings
 from campaign_trigger.deployments import upkeep, wakeup
 from campaign_trigger.deployments.worker import DeliveryWorker, run_worker
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
+from campaign_trigger.flows import deliver
 from campaign_trigger.flows.deliver import _on_failure, deliver_request
 from campaign_trigger.services import (
     housekeeping,
@@ -36,6 +37,7 @@ from campaign_trigger.services.scheduling import notify_new_request
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState, WebhookDelivery
 from campaign_trigger.tasks import artifacts
+from campaign_trigger.tasks.delivery import assemble_report
 from delivery_support import (
     DeviceSpec,
     Tenant,
@@ -484,6 +486,44 @@ async def test_a_cancel_made_in_the_ui_after_the_report_lets_the_run_complete(
     else:
         assert not looked.is_set()
     await processed_with_one_event(tenant, request_id)
+
+
+async def test_a_cancel_made_in_the_ui_after_every_chunk_was_sent_lets_the_report_be_written(
+    worker: None, sandbox_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The UI's Cancel landing after the last chunk was recorded, before the report: nothing
+    # is left to stop. The cancel watch stopped the run as it began its report: the
+    # request ended canceled with every message sent, and had no report.
+    watch = upkeep.stop_cancelled_runs
+    cancelled = asyncio.Event()
+    looked = asyncio.Event()  # the cancel watch looked at the run Cancelling
+
+    async def watching(workers: list[Any], client: PrefectClient) -> None:
+        after_cancel = cancelled.is_set()
+        await watch(workers, client)
+        if after_cancel:
+            looked.set()
+
+    async def cancelled_in_the_ui(plan: Any) -> Any:
+        context = FlowRunContext.get()
+        assert context is not None
+        assert context.flow_run is not None
+        async with get_client() as client:
+            await client.set_flow_run_state(context.flow_run.id, Cancelling())
+        cancelled.set()
+        await asyncio.wait_for(looked.wait(), timeout=30)
+        return await assemble_report(plan)
+
+    monkeypatch.setattr(upkeep, "stop_cancelled_runs", watching)
+    monkeypatch.setattr(deliver, "assemble_report", cancelled_in_the_ui)
+    tenant = tenant_with_webhook()
+    request_id, tokens = send_now(tenant)
+    run = await wait_for_state(request_id, "COMPLETED", "CANCELLED", "FAILED", timeout=60)
+    assert state_name(run) == "COMPLETED"
+    assert looked.is_set()
+    await processed_with_one_event(tenant, request_id)
+    per_token = sandbox_stats(sandbox_url)["per_token"]
+    assert [per_token.get(token) for token in tokens] == [1] * len(tokens)
 
 
 @pytest.mark.parametrize("seen_by", ["event", "watch-without-events"])
