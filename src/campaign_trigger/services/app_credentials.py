@@ -17,6 +17,7 @@ meanwhile, its messages fail at delivery (``FPErrPushFailed``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from typing import Final
@@ -202,9 +203,18 @@ def describe_app(*, session: Session, settings: Settings, app_id: str) -> dict[s
     return shown
 
 
+def _identity(row: AppCredentials) -> str:
+    """What a pooled provider is opened with: new whenever the credentials are set. The
+    version alone starts again at 1 after a removal: a worker kept sending with the
+    removed key and topic (``providers.pooled_provider``). Each setting seals its secret
+    with a new nonce, so its sealed value tells one setting from another."""
+    digest = hashlib.sha256(row.sealed_secret.encode("ascii")).hexdigest()[:16]
+    return f"app:{row.app_id}:v{row.version}:{digest}"
+
+
 def _own(settings: Settings, row: AppCredentials) -> ProviderCredentials:
     secret = unseal(settings, row.sealed_secret, context=sealed_context(row.app_id, row.service))
-    identity = f"app:{row.app_id}:v{row.version}"
+    identity = _identity(row)
     if row.service == PushService.fcm:
         return app_fcm_credentials(
             settings, service_account=parse_service_account(secret), identity=identity

@@ -58,11 +58,43 @@ def test_a_service_account_is_stored_sealed_and_sent_with_to_its_project(
     assert credentials.project_id == "shop-one"
     assert credentials.private_key_id == account.private_key_id
     assert credentials.base_url == FCM_HOST  # its own credentials go to Google
-    assert credentials.identity == f"app:{org.app_id}:v1"
+    assert credentials.identity.startswith(f"app:{org.app_id}:v1:")
     assert account.private_key not in repr(credentials)
     shown = app_credentials.describe_app(session=session, settings=settings, app_id=org.app_id)
     assert shown["project_id"] == "shop-one"
     assert all(fragment not in repr(shown) for fragment in secret_fragments(account.private_key))
+
+
+def test_credentials_removed_and_set_again_are_new_to_the_provider_pool(
+    session: Session, settings: Settings, org: Org
+) -> None:
+    # Set, removed, set again: a version 1 both times. A worker's pooled provider is
+    # opened again when the identity changes; with the version alone it kept the removed
+    # credentials (a wrong topic, a revoked key) until the worker restarted.
+    identities = []
+    for project in ("wrong-project", "right-project"):
+        app_credentials.set_fcm_credentials(
+            session=session,
+            settings=settings,
+            app_id=org.app_id,
+            service_account=service_account(project).file_bytes(),
+        )
+        session.commit()
+        credentials = app_credentials.provider_credentials(
+            session=session, settings=settings, app_id=org.app_id, platform=Platform.android
+        )
+        assert credentials is not None
+        identities.append(credentials.identity)
+        again = app_credentials.provider_credentials(
+            session=session, settings=settings, app_id=org.app_id, platform=Platform.android
+        )
+        assert again is not None
+        assert again.identity == credentials.identity  # read twice: the same provider
+        assert app_credentials.remove_credentials(session=session, app_id=org.app_id)
+        session.commit()
+    assert identities[0].startswith(f"app:{org.app_id}:v1:")
+    assert identities[1].startswith(f"app:{org.app_id}:v1:")
+    assert identities[0] != identities[1]
 
 
 def test_an_apns_key_picks_its_environment_and_a_new_key_is_a_new_version(
@@ -90,7 +122,7 @@ def test_an_apns_key_picks_its_environment_and_a_new_key_is_a_new_version(
         assert credentials.topic == "com.shop.one"
         assert credentials.base_url == (APNS_DEVELOPMENT_HOST if development else APNS_HOST)
     assert credentials is not None
-    assert credentials.identity == f"app:{ios}:v2"
+    assert credentials.identity.startswith(f"app:{ios}:v2:")
     to_sandbox = settings.model_copy(update={"send_to_sandbox": True})
     credentials = app_credentials.provider_credentials(
         session=session, settings=to_sandbox, app_id=ios, platform=Platform.ios
