@@ -18,6 +18,11 @@ notification requests to APNs"):
 - category: ``android.notification.click_action``; ``aps.category``
 - silent: a data-only message (no ``notification``); ``aps.content-available: 1`` with
   ``apns-push-type: background`` and ``apns-priority: 5``
+- the message's identity (its collapse id): ``data.message_id`` and top-level
+  ``message_id``, on every push; also ``android.notification.tag`` and
+  ``apns-collapse-id``, which replace a notification shown twice but cannot stop a
+  silent push from reaching the app twice (a retry after a timeout, DESIGN §5): the app
+  drops a ``message_id`` it has seen
 
 The size rule (DESIGN §5): the final payload — FCM's ``notification``, ``data`` and
 ``android`` fields, or APNs's whole JSON body — is at most
@@ -86,6 +91,16 @@ class _LastFragment:
 
 _fcm_data = _LastFragment()
 _apns_data = _LastFragment()
+MESSAGE_ID_KEY: Final = "message_id"
+
+
+def _with_message_id(members: str, message: PushMessage) -> str:
+    """The data members and the message's identity (none if the data has its own: a
+    campaign made before the key was reserved)."""
+    if not message.collapse_id or MESSAGE_ID_KEY in message.data:
+        return members
+    own = f'"{MESSAGE_ID_KEY}":{_string(message.collapse_id)}'
+    return f"{members},{own}" if members else own
 
 
 def _utf8(text: str) -> bytes:
@@ -195,7 +210,7 @@ def fcm_payload(message: PushMessage) -> bytes:
     """The FCM message's ``notification``, ``data`` and ``android`` members as one JSON
     object: what the size rule measures (the body adds the token around it)."""
     options = message.options
-    members = _fcm_data.members(message.data)
+    members = _with_message_id(_fcm_data.members(message.data), message)
     data = f',"data":{{{members}}}' if members else ""
     android = _android(_shape(options), options.silent, message.collapse_id)
     if options.silent:
@@ -217,7 +232,7 @@ def apns_body(message: PushMessage) -> bytes:
     data = message.data
     if "aps" in data:
         raise PayloadError("'aps' is reserved in APNs payloads")
-    members = _apns_data.members(data)
+    members = _with_message_id(_apns_data.members(data), message)
     extra = f",{members}" if members else ""
     image = message.image
     if image:

@@ -23,7 +23,7 @@ from campaign_trigger.store.models import Campaign, PushPriority
 INTERRUPTION_LEVELS: Final = ("passive", "active", "time-sensitive", "critical")
 MAX_TTL_SECONDS: Final = 28 * 24 * 3600  # FCM keeps a message at most 4 weeks
 MAX_BADGE: Final = 999_999
-OUR_DATA_KEYS: Final = frozenset({"request_id", "campaign_id"})
+OUR_DATA_KEYS: Final = frozenset({"request_id", "campaign_id", "message_id"})
 # FCM: "from", "notification", "message_type" and keys starting with google/gcm are
 # reserved; APNs: "aps". "image" carries the image URL in APNs payloads.
 _RESERVED: Final = frozenset({"from", "notification", "message_type", "aps", "image"})
@@ -93,8 +93,8 @@ def _check_data(data: dict[str, str]) -> None:
         lowered = key.lower()
         if key in OUR_DATA_KEYS or lowered in _RESERVED or lowered.startswith(("google", "gcm")):
             raise AdminError(
-                f"Data key {key!r} is reserved (request_id, campaign_id, image, aps, from, "
-                "notification, message_type, google*, gcm*)"
+                f"Data key {key!r} is reserved (request_id, campaign_id, message_id, image, aps, "
+                "from, notification, message_type, google*, gcm*)"
             )
         if not isinstance(value, str):
             raise AdminError(f"Data value of {key!r} must be a string")

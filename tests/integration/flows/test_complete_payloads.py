@@ -139,16 +139,18 @@ async def test_every_field_reaches_fcm_and_apns_under_their_documented_names(
                 },
             },
         }
-        assert without(android["data"], "request_id", "campaign_id") == {
+        assert without(android["data"], "request_id", "campaign_id", "message_id") == {
             "link": f"app://orders/{order}",  # the per-user deep link, rendered
             "screen": "order",
         }
         assert android["data"]["campaign_id"] == tenant.campaign_id
+        assert android["data"]["message_id"] == tag  # for the app to drop a second copy
 
         ios = received(sandbox_url, f"{user}-{tenant.ios}")
         assert (ios["push_type"], ios["priority"]) == ("alert", "5")
         assert sent_at + 290 <= int(ios["expiration"]) <= time.time() + 310
-        assert without(ios["payload"], "request_id", "campaign_id") == {
+        assert ios["collapse_id"] == ios["payload"]["message_id"]
+        assert without(ios["payload"], "request_id", "campaign_id", "message_id") == {
             "aps": {
                 "alert": {"title": f"Hello N{n}", "body": BODY},
                 "sound": "chime.caf",

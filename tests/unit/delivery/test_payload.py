@@ -138,7 +138,7 @@ def test_every_campaign_field_has_its_fcm_v1_name() -> None:
                 "body": "123456",
                 "image": "https://cdn.example/7.png",
             },
-            "data": {"link": "app://orders/7"},
+            "data": {"link": "app://orders/7", "message_id": "c1"},
             "android": {
                 "priority": "normal",
                 "ttl": "300s",
@@ -168,6 +168,7 @@ def test_every_campaign_field_has_its_apns_name() -> None:
         },
         "image": "https://cdn.example/7.png",
         "link": "app://orders/7",
+        "message_id": "c1",
     }
 
 
@@ -183,10 +184,43 @@ def test_a_silent_push_is_data_only_on_fcm_and_content_available_on_apns() -> No
     )
     assert json.loads(fcm_body(silent))["message"] == {
         "token": "t",
-        "data": {"sync": "orders"},
+        "data": {"sync": "orders", "message_id": "c1"},
         "android": {"priority": "normal", "ttl": "60s"},
     }
-    assert json.loads(apns_body(silent)) == {"aps": {"content-available": 1}, "sync": "orders"}
+    assert json.loads(apns_body(silent)) == {
+        "aps": {"content-available": 1},
+        "sync": "orders",
+        "message_id": "c1",
+    }
+
+
+def test_every_push_names_its_message_for_the_app_to_drop_a_second_copy() -> None:
+    # A silent push has no notification for a tag or apns-collapse-id to replace: a retry
+    # after a timeout (the provider may have taken the first) reaches the app twice, and
+    # only an identity in the payload lets it drop the second.
+    for silent in (True, False):
+        options = PushOptions(silent=silent)
+        sent = [
+            PushMessage(
+                key=0,
+                token="t",
+                title="",
+                body="" if silent else "b",
+                data={},
+                collapse_id="0f" * 16,
+                options=options,
+            )
+            for _ in range(2)
+        ]
+        assert [json.loads(fcm_body(m))["message"]["data"] for m in sent] == [
+            {"message_id": "0f" * 16}
+        ] * 2
+        assert {json.loads(apns_body(m))["message_id"] for m in sent} == {"0f" * 16}
+    own = PushMessage(
+        key=0, token="t", title="a", body="b", data={"message_id": "m7"}, collapse_id="c"
+    )
+    assert json.loads(fcm_body(own))["message"]["data"] == {"message_id": "m7"}
+    assert json.loads(apns_body(own))["message_id"] == "m7"
 
 
 def test_the_image_key_is_taken_in_apns_payloads() -> None:

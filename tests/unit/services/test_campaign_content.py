@@ -64,6 +64,7 @@ def test_variables_of_every_template_are_required(
     ("content", "reason"),
     [
         (CampaignContent(title="t", data={"request_id": "x"}), "reserved"),
+        (CampaignContent(title="t", data={"message_id": "x"}), "reserved"),
         (CampaignContent(title="t", data={"google.c.a": "x"}), "reserved"),
         (CampaignContent(title="t", data={"image": "x"}), "reserved"),
         (CampaignContent(title="t", data={"a b": "x"}), "Invalid data key"),
