@@ -12,12 +12,17 @@ reason. Then one statement set per database, inside the caller's transaction:
 
 The upsert is :func:`campaign_trigger.services.devices.refresh`'s rule in SQL: a new
 push token clears ``unregistered_at``; ``uninstalled_at`` is cleared; ``updated_at``
-is now; the device secret is kept. A device the file repeats exactly (same user, token
-and flags, not uninstalled) is left as it is, ``updated_at`` included: the nightly
-re-import of a whole base rewrites only what changed (PostgreSQL, quiet: 1 M unchanged
+is now; the device secret is kept. A push token belongs to one device of an app: a file
+giving one token to two devices is refused, and the file's tokens are taken from the
+app's other devices first (they lose them and count as uninstalled, as
+:func:`~campaign_trigger.services.devices.take_token` does for a registration). A
+device the file repeats exactly (same user, token and flags, not uninstalled) is left
+as it is, ``updated_at`` included: the nightly re-import of a whole base rewrites only
+what changed (PostgreSQL, quiet: 1 M unchanged
 devices in 4.9 s). On PostgreSQL the device table keeps half of each page free
 (migration 0007), so a changed row's new version stays on its page and no index is
-touched when no indexed column changed (a new token: a HOT update).
+touched when no indexed column changed (new flags: a HOT update; a new token is
+indexed since migration 0008, so not one).
 """
 
 from __future__ import annotations
@@ -66,6 +71,20 @@ ON CONFLICT (app_id, device_id) DO UPDATE SET
     logged_in = excluded.logged_in
 WHERE {changed}
 """.format(changed=CHANGED.format(new="excluded"))
+# A token belongs to one device of an app: the file's takes it from the app's others
+# (:func:`campaign_trigger.services.devices.take_token`), before the upsert writes it.
+SQLITE_NEW_OWNER: Final = """
+UPDATE device SET push_token = NULL, uninstalled_at = COALESCE(uninstalled_at, ?1),
+    updated_at = ?1
+WHERE push_token = ?2 AND app_id = ?3 AND device_id <> ?4
+"""
+POSTGRES_NEW_OWNER: Final = """
+UPDATE device SET push_token = NULL, uninstalled_at = COALESCE(device.uninstalled_at, %(now)s),
+    updated_at = %(now)s
+FROM device_import AS i
+WHERE device.push_token = i.push_token AND device.app_id = %(app_id)s
+    AND device.device_id <> i.device_id
+"""
 POSTGRES_UPDATE: Final = """
 UPDATE device SET
     unregistered_at = CASE WHEN device.push_token IS NOT DISTINCT FROM i.push_token
@@ -154,6 +173,10 @@ def read_device_file(path: Path) -> pa.Table:
     if duplicate is not None:
         repeated = trimmed["device_id"][duplicate].as_py()
         failures.append((duplicate, 1, f"device_id {repeated!r} appears twice"))
+    token_twice = _first_duplicate(pc.drop_null(nullable_text(trimmed["push_token"])))
+    if token_twice is not None:
+        row, first = _rows_of_token(trimmed["push_token"], token_twice)
+        failures.append((row, 5, f"push_token of line {first + 2} appears twice"))
     for order, name in enumerate(("opted_in", "logged_in"), start=3):
         known = pc.is_in(lowered[name], value_set=pa.array(TRUE_VALUES + FALSE_VALUES))
         unknown = _first(pc.invert(known))
@@ -167,18 +190,30 @@ def read_device_file(path: Path) -> pa.Table:
     if first_skipped is not None:
         raise AdminError(f"Line {first_skipped}: wrong number of fields")
 
-    def nullable(values: pa.Array) -> pa.Array:
-        return pc.if_else(pc.equal(pc.utf8_length(values), 0), None, values)
-
     return pa.table(
         {
             "device_id": trimmed["device_id"],
-            "user_id": nullable(trimmed["user_id"]),
-            "push_token": nullable(trimmed["push_token"]),
+            "user_id": nullable_text(trimmed["user_id"]),
+            "push_token": nullable_text(trimmed["push_token"]),
             "opted_in": pc.is_in(lowered["opted_in"], value_set=pa.array(TRUE_VALUES)),
             "logged_in": pc.is_in(lowered["logged_in"], value_set=pa.array(TRUE_VALUES)),
         }
     )
+
+
+def nullable_text(values: pa.Array) -> pa.Array:
+    """``values`` with empty texts as nulls."""
+    return pc.if_else(pc.equal(pc.utf8_length(values), 0), None, values)
+
+
+def _rows_of_token(tokens: pa.Array, nth_present: int) -> tuple[int, int]:
+    """The row of the ``nth_present`` non-empty token (one seen before), and the row of
+    its first occurrence."""
+    present = pc.indices_nonzero(pc.greater(pc.utf8_length(tokens), 0))
+    row = int(present[nth_present].as_py())
+    first = _first(pc.equal(tokens, tokens[row]))
+    assert first is not None
+    return row, first
 
 
 def _first(mask: pa.Array) -> int | None:
@@ -227,6 +262,11 @@ def import_device_table(
                     strict=True,
                 )
             ]
+            taken = [
+                (now, token, app_id, device_id) for _, device_id, _, token, *_ in rows if token
+            ]
+            if taken:
+                connection.exec_driver_sql(SQLITE_NEW_OWNER, taken)
             connection.exec_driver_sql(SQLITE_UPSERT, rows)
             if progress is not None:
                 progress(start + len(rows), total)
@@ -257,6 +297,7 @@ def _copy_postgres(
                 if progress is not None:
                     progress(start + len(part), total)
         cursor.execute("ANALYZE device_import")  # a temporary table has no statistics
+        cursor.execute(POSTGRES_NEW_OWNER, {"app_id": app_id, "now": now})
         cursor.execute(POSTGRES_UPDATE, {"app_id": app_id, "now": now})
         cursor.execute(POSTGRES_INSERT, {"app_id": app_id, "now": now})
         cursor.execute("DROP TABLE device_import")

@@ -9,6 +9,9 @@ every copy of the app, so it proves little), and the device secret handed out at
 registration names the install (:mod:`~campaign_trigger.services.device_auth`). A
 device that exists without a secret (imported by an operator) is claimed by the first
 registration that shows its current push token.
+
+A push token belongs to one device of an app: registering or importing it takes it from
+the app's other devices (:func:`take_token`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import func, literal, update
 from sqlmodel import Session, col, select
 
 from campaign_trigger.errors import Conflict, Unauthenticated
@@ -28,7 +31,7 @@ from campaign_trigger.services.device_auth import (
     identity_matches,
     new_device_secret,
 )
-from campaign_trigger.store.models import App, Device
+from campaign_trigger.store.models import App, Device, UTCDateTime
 
 UNKNOWN_DEVICE = "Unknown device or wrong device secret"
 DEVICE_TAKEN = (
@@ -91,7 +94,8 @@ def register_device(
 ) -> Registration:
     """Create a device (a new secret comes back), or update one: a known device needs its
     secret (Unauthenticated if wrong, Conflict if absent); an unclaimed one (imported,
-    no secret) needs its current push token. A NEW push token clears ``unregistered_at``.
+    no secret) needs its current push token. A NEW push token clears ``unregistered_at``;
+    the token is taken from any other device of the app (:func:`take_token`).
     """
     now = datetime.now(UTC)
     device = _find_device(session=session, app_id=app_id, device_id=device_id)
@@ -111,9 +115,46 @@ def register_device(
     if issued is not None:
         device.secret_hash = hash_device_secret(issued)
     refresh(device, push_token=push_token if push_token is not None else device.push_token, now=now)
+    if device.push_token is not None:
+        take_token(
+            session=session,
+            app_id=app_id,
+            push_token=device.push_token,
+            device_id=device_id,
+            now=now,
+        )
     session.add(device)
     session.flush()
     return Registration(device=device, device_secret=issued)
+
+
+def take_token(
+    *, session: Session, app_id: str, push_token: str, device_id: str, now: datetime
+) -> None:
+    """``push_token`` is ``device_id``'s now: the app's other devices holding it lose it and
+    count as uninstalled (its last user is kept for the report).
+
+    A token names one install of the app on one phone. Another device id with it is an
+    install that is gone (the app deleted and reinstalled: APNs gives the new install the
+    same token) or that now reports under a new id; its last user may not be the
+    phone's user any more, and a message for them must not reach the phone.
+    """
+    session.execute(
+        update(Device)
+        .where(
+            col(Device.push_token) == push_token,
+            col(Device.app_id) == app_id,
+            col(Device.device_id) != device_id,
+        )
+        .values(
+            push_token=None,
+            uninstalled_at=func.coalesce(
+                col(Device.uninstalled_at), literal(now, type_=UTCDateTime())
+            ),
+            updated_at=now,
+        ),
+        execution_options={"synchronize_session": "fetch"},
+    )
 
 
 def refresh(device: Device, *, push_token: str | None, now: datetime) -> None:
@@ -138,6 +179,10 @@ def upsert_devices(*, session: Session, app_id: str, rows: Sequence[Mapping[str,
         device_id = str(row["device_id"])
         device = existing.get(device_id) or Device(app_id=app_id, device_id=device_id)
         token = row["push_token"]
+        if token is not None:
+            take_token(
+                session=session, app_id=app_id, push_token=str(token), device_id=device_id, now=now
+            )
         refresh(device, push_token=str(token) if token is not None else None, now=now)
         user = row["user_id"]
         device.user_id = str(user) if user is not None else None

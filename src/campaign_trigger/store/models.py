@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Dialect, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Dialect, Index, Text, UniqueConstraint, text
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
@@ -222,11 +222,25 @@ class Device(SQLModel, table=True):
 
     ``secret_hash`` is the SHA-256 of the device secret handed to the install when it
     registered; None for a device imported by an operator and not yet claimed.
+
+    A push token belongs to one device of an app: the device registered or imported with
+    it last. The others that held it lose it and count as uninstalled (the same phone
+    reinstalled the app, or gave the token to a new install); ``ix_device_push_token``
+    finds them (a hash index on PostgreSQL: a token may be 4096 characters, past a
+    B-tree's limit; uniqueness is kept by the writers, ``services/devices.py`` and
+    ``services/device_import.py``, migration 0008).
     """
 
     __table_args__ = (
         UniqueConstraint("app_id", "device_id"),
         Index("ix_device_app_user", "app_id", "user_id"),
+        Index(
+            "ix_device_push_token",
+            "push_token",
+            postgresql_using="hash",
+            postgresql_where=text("push_token IS NOT NULL"),
+            sqlite_where=text("push_token IS NOT NULL"),
+        ),
         # half of each page free: a re-import's new tokens are HOT updates (migration 0007)
         {"postgresql_with": {"fillfactor": 50}},
     )

@@ -42,7 +42,9 @@ def _new_app(database: str) -> str:
         session.add(org)
         session.flush()
         assert org.id is not None
-        app = App(app_id=f"app-{org.id}", org_id=org.id, platform=Platform.ios, sdk_key="k")
+        app = App(
+            app_id=f"app-{org.id}", org_id=org.id, platform=Platform.ios, sdk_key=f"k-{org.id}"
+        )
         session.add(app)
         session.commit()
         return app.app_id
@@ -138,16 +140,42 @@ def test_a_device_the_file_repeats_exactly_is_left_as_it_is(
     assert after["d3"].updated_at > before["d3"].updated_at
 
 
+def test_a_token_imported_for_another_device_leaves_the_one_that_held_it(
+    database: str, app_id: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "devices.csv"
+    _import(database, app_id, path, HEADER + "d1,alice,tok-t,true,true\nd2,carol,tok-c,1,1\n")
+    other = _new_app(database)  # the same token in another app is another app's business
+    _import(database, other, path, HEADER + "d1,alice,tok-t,true,true\n")
+    # the app reinstalled on Alice's old phone, now Bob's: a new device id, the same token
+    _import(database, app_id, path, HEADER + "d9,bob,tok-t,true,true\n")
+    after = _devices(database, app_id)
+    assert (after["d9"].push_token, after["d9"].user_id) == ("tok-t", "bob")
+    assert (after["d1"].push_token, after["d1"].user_id) == (None, "alice")
+    assert after["d1"].uninstalled_at is not None
+    assert after["d2"].push_token == "tok-c"
+    assert _devices(database, other)["d1"].push_token == "tok-t"
+    # a token swapped between two known devices in one file: each keeps its new one
+    _import(database, app_id, path, HEADER + "d2,carol,tok-t,1,1\nd9,bob,tok-c,1,1\n")
+    after = _devices(database, app_id)
+    tokens = {device_id: device.push_token for device_id, device in after.items()}
+    assert tokens == {"d1": None, "d2": "tok-t", "d9": "tok-c"}
+
+
 @pytest.mark.parametrize(
     ("rows", "reason"),
     [
-        ("d1,u,t,true,true\nd2,u,t,maybe,true\nd3,u,t,true,true,x\n", "Line 3: opted_in"),
-        ("d1,u,t,true,true\nd2,u,t,true,true,x\nd3,u,t,nope,true\n", "Line 3: wrong number"),
-        ("d1,u,t,true,true\nd2,u,t\n", "Line 3: wrong number of fields"),
-        ("d1,u,t,true,true\n  ,u,t,true,true\n", "Line 3: device_id is empty"),
-        ("d1,u,t,true,true\nd2,u,t,true,true\n d1,u,t,true,true\n", "Line 4: device_id 'd1'"),
-        ("d1,u,t,true,true\nd2,u,t,true,sometimes\n", "Line 3: logged_in must be true or false"),
-        ("d1,u,t,true,true\nd1,u,t,maybe,true\n", "Line 3: device_id 'd1' appears twice"),
+        ("d1,u,t1,true,true\nd2,u,t2,maybe,true\nd3,u,t3,true,true,x\n", "Line 3: opted_in"),
+        ("d1,u,t1,true,true\nd2,u,t2,true,true,x\nd3,u,t3,nope,true\n", "Line 3: wrong number"),
+        ("d1,u,t1,true,true\nd2,u,t2\n", "Line 3: wrong number of fields"),
+        ("d1,u,t1,true,true\n  ,u,t5,true,true\n", "Line 3: device_id is empty"),
+        ("d1,u,t1,true,true\nd2,u,t2,true,true\n d1,u,t1,true,true\n", "Line 4: device_id 'd1'"),
+        ("d1,u,t1,true,true\nd2,u,t2,true,sometimes\n", "Line 3: logged_in must be true or false"),
+        ("d1,u,t1,true,true\nd1,u,t1,maybe,true\n", "Line 3: device_id 'd1' appears twice"),
+        (
+            "d1,u,t1,true,true\nd2,u,t2,true,true\nd3,u, t1 ,true,true\n",
+            "Line 4: push_token of line 2",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_whole_at_its_first_bad_row(
@@ -171,14 +199,15 @@ def test_missing_columns_and_bad_bytes_are_refused(
 
 
 @pytest.mark.postgres
-def test_new_tokens_leave_the_indexes_alone_on_postgres(postgres_url: str, tmp_path: Path) -> None:
-    # half of each page free (migration 0007): every row's new version fits on its page
+def test_new_flags_leave_the_indexes_alone_on_postgres(postgres_url: str, tmp_path: Path) -> None:
+    # half of each page free (migration 0007): every row's new version fits on its page;
+    # a new token is not such an update since migration 0008 indexes tokens
     upgrade(postgres_url)
     app_id = _new_app(postgres_url)
-    rows = [f"d{n},u{n},{{token}}-{n:060d},true,true\n" for n in range(500)]
+    rows = [f"d{n},u{n},tok-{n:060d},{{opted_in}},true\n" for n in range(500)]
     path = tmp_path / "devices.csv"
-    _import(postgres_url, app_id, path, HEADER + "".join(rows).format(token="old"))
-    path.write_text(HEADER + "".join(rows).format(token="new"), encoding="utf-8")
+    _import(postgres_url, app_id, path, HEADER + "".join(rows).format(opted_in="true"))
+    path.write_text(HEADER + "".join(rows).format(opted_in="false"), encoding="utf-8")
     with Session(engine_for(postgres_url)) as session:
         import_devices(session=session, app_id=app_id, path=path)
         counts = session.connection().exec_driver_sql(

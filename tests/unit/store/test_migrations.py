@@ -323,3 +323,68 @@ def test_webhook_tables_migrate_up_and_down(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_webhook_tables_migrate_up_and_down_on_postgres(postgres_url: str) -> None:
     _webhooks_migration(postgres_url)
+
+
+def _token_owner_migration(url: str) -> None:
+    """0008: a token held by several devices of an app stays with the newest row only."""
+    upgrade(url, "0007_device_fillfactor")
+    statements = [
+        "INSERT INTO organisation (id, name, request_quota, quota_period, created_at) "
+        "VALUES (1, 'o', 1, 'monthly', '2026-01-01 00:00:00.000000')",
+        "INSERT INTO app (app_id, org_id, platform, sdk_key, identity_key, "
+        "identity_verification, created_at) VALUES ('a', 1, 'ios', 'k', 'i', false, "
+        "'2026-01-01 00:00:00.000000'), ('b', 1, 'ios', 'l', 'j', false, "
+        "'2026-01-01 00:00:00.000000')",
+    ]
+    devices = [  # (app, device, token, updated on 2026-01-<day>)
+        ("a", "old", "t", 1),
+        ("a", "new", "t", 3),
+        ("a", "older", "t", 1),
+        ("a", "own", "u", 1),
+        ("a", "none", None, 1),
+        ("b", "other-app", "t", 1),
+    ]
+    with engine_for(url).begin() as connection:
+        for statement in statements:
+            connection.execute(sa.text(statement))
+        connection.execute(
+            sa.text(
+                "INSERT INTO device (app_id, device_id, user_id, push_token, opted_in, "
+                "logged_in, updated_at) VALUES (:app, :device, 'u', :token, true, true, :when)"
+            ),
+            [
+                {"app": app, "device": device, "token": token, "when": f"2026-01-0{day} 00:00:00"}
+                for app, device, token, day in devices
+            ],
+        )
+    upgrade(url)
+    with engine_for(url).connect() as connection:
+        rows = connection.execute(
+            sa.text("SELECT device_id, push_token, uninstalled_at FROM device")
+        ).all()
+    after = {device: (token, gone is not None) for device, token, gone in rows}
+    assert after == {
+        "old": (None, True),
+        "new": ("t", False),
+        "older": (None, True),
+        "own": ("u", False),
+        "none": (None, False),
+        "other-app": ("t", False),
+    }
+    assert "ix_device_push_token" in {
+        i["name"] for i in sa.inspect(engine_for(url)).get_indexes("device")
+    }
+    downgrade(url, "0007_device_fillfactor")
+    indexes = {i["name"] for i in sa.inspect(engine_for(url)).get_indexes("device")}
+    assert "ix_device_push_token" not in indexes
+
+
+def test_a_token_held_by_several_devices_stays_with_the_newest_on_sqlite(tmp_path: Path) -> None:
+    _token_owner_migration(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+
+@pytest.mark.postgres
+def test_a_token_held_by_several_devices_stays_with_the_newest_on_postgres(
+    postgres_url: str,
+) -> None:
+    _token_owner_migration(postgres_url)
