@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
 from uuid import UUID
 
@@ -28,6 +28,7 @@ from campaign_trigger.tasks.delivery import (
     mark_failed,
     prepare_delivery,
     read_plan,
+    request_goes_on,
 )
 
 # No result is ever stored (persist_result=False), but a flow without a result storage
@@ -53,16 +54,19 @@ async def _deliver_here(
     *,
     progress: bool,
     slot: Callable[..., contextlib.AbstractAsyncContextManager[None]] = _no_slot,
-) -> None:
+    go_on: Callable[[], Awaitable[bool]] | None = None,
+) -> bool:
     """One task run per chunk of ``todo``, one after the other, each inside
-    ``slot(last=...)``, with a progress artifact if asked."""
+    ``slot(last=...)``, with a progress artifact if asked; whether every one was started
+    (:func:`_deliver_chunks`'s ``go_on``)."""
     shown = None
     if progress:
         shown = artifacts.Progress(chunk_count=plan.chunk_count, done=plan.chunk_count - len(todo))
     chunks = ((chunk_no, n == len(todo)) for n, chunk_no in enumerate(todo, start=1))
-    await _deliver_chunks(plan, chunks, slot=slot, shown=shown)
+    done = await _deliver_chunks(plan, chunks, slot=slot, shown=shown, go_on=go_on)
     if shown is not None:
         await shown.close()
+    return done
 
 
 async def _deliver_chunks(
@@ -71,21 +75,26 @@ async def _deliver_chunks(
     *,
     slot: Callable[..., contextlib.AbstractAsyncContextManager[None]] = _no_slot,
     shown: artifacts.Progress | None = None,
-) -> None:
+    go_on: Callable[[], Awaitable[bool]] | None = None,
+) -> bool:
     """One task run per chunk of ``chunks`` (each with whether it is the last), one after
     the other (a chunk's database writes already overlap its sends), each inside
-    ``slot(last=...)``; each chunk's end shown on ``shown``."""
+    ``slot(last=...)``; each chunk's end shown on ``shown``. Before each chunk after the
+    first, ``go_on()`` if given: none more once it says no (False)."""
     # Prefect walks a task's arguments before each run, looking for futures and states
     # to wait for: the plan holds neither, and walking it cost ~0.4 ms a chunk task (a
     # late share of a gigabyte, with 5,000 chunks recorded, ~30 ms). Quoted, it is
     # handed to the task as it is.
     quoted = cast(DeliveryPlan, quote(plan))
-    for chunk_no, last in chunks:
+    for n, (chunk_no, last) in enumerate(chunks):
+        if n and go_on is not None and not await go_on():
+            return False
         async with slot(last=last):
             await deliver_chunk(quoted, chunk_no)
         sharing.chunk_ended(plan.request_id)
         if shown is not None:
             shown.show(shown.done + 1)  # the next chunk does not wait for the Prefect API
+    return True
 
 
 def _in_worker() -> tuple[sharing.ShareSlots, UUID] | None:
@@ -150,12 +159,17 @@ async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
 @flow(name="deliver-chunks", persist_result=False, result_storage=RESULT_STORAGE)
 async def deliver_chunks(request_id: str, chunk_nos: list[int]) -> int | State[Any]:
     """Deliver a share of a request's chunks (the request's run made this its subflow),
-    none if the request was cancelled (a share claimed as its request's run stopped)."""
+    none if the request was cancelled (a share claimed as its request's run stopped), and
+    none more once it is (the request is marked canceled as its run is stopped, before its
+    shares are set Cancelling: each reaches its worker as an event, seconds later, or at
+    its cancel watch's next look)."""
     plan = await read_plan(request_id)
     if plan.canceled:
         return Cancelled(message="The request was cancelled")
     todo = [n for n in chunk_nos if n not in plan.recorded]
     in_worker = _in_worker()
     slot = _no_slot if in_worker is None else functools.partial(in_worker[0].chunk, in_worker[1])
-    await _deliver_here(plan, todo, progress=False, slot=slot)
+    go_on = functools.partial(request_goes_on, request_id)
+    if not await _deliver_here(plan, todo, progress=False, slot=slot, go_on=go_on):
+        return Cancelled(message="The request was cancelled")
     return len(todo)

@@ -88,6 +88,12 @@ def own_run(*, session: Session, request_id: str, owner: str) -> None:
     session.execute(update(Request).where(col(Request.id) == request_id).values(run_owner=owner))
 
 
+def canceled(*, session: Session, request_id: str) -> bool:
+    """Whether the request is cancelled (one key lookup)."""
+    state = session.exec(select(Request.state).where(col(Request.id) == request_id)).first()
+    return state == RequestState.canceled
+
+
 def delivered(*, session: Session, request_id: str) -> bool:
     """Whether the request runs with every chunk recorded: nothing is left to send, its run
     writes the report."""

@@ -103,6 +103,16 @@ async def read_plan(request_id: str) -> DeliveryPlan:
     return await asyncio.to_thread(read)
 
 
+async def request_goes_on(request_id: str) -> bool:
+    """Whether the request is not cancelled (a read, no task run)."""
+
+    def read() -> bool:
+        with session_scope() as session:
+            return not delivery_run.canceled(session=session, request_id=request_id)
+
+    return await asyncio.to_thread(read)
+
+
 async def recorded_chunks(request_id: str) -> set[int]:
     """The request's complete chunks (a read, no task run)."""
 

@@ -27,7 +27,7 @@ from campaign_trigger.delivery.sandbox_rules import SandboxState
 from campaign_trigger.delivery.sending import RetryingSender
 from campaign_trigger.flows import fan_out
 from campaign_trigger.flows.deliver import deliver_chunks
-from campaign_trigger.services import prefect_runs, request_states
+from campaign_trigger.services import outcome_log, prefect_runs, request_states
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import RequestState
 from delivery_support import (
@@ -433,6 +433,65 @@ async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_
     assert [again.get(t, 0) for t in tokens] == [sent.get(t, 0) for t in tokens]
     assert sum(again.get(t, 0) for t in tokens) < len(tokens)  # stopped before its end
     assert load_request(request_id).state == RequestState.canceled
+
+
+def _ended(run: FlowRun) -> bool:
+    return run.state is not None and run.state.is_final()
+
+
+@pytest.fixture
+def four_chunks_per_run_two_live(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from _settings(monkeypatch, CT_CHUNKS_PER_RUN="4", CT_LIVE_SHARES="2")
+
+
+async def test_a_share_running_as_its_request_is_cancelled_starts_no_further_chunk(
+    four_chunks_per_run_two_live: None,
+    worker: None,
+    sandbox_url: str,
+    sandbox_state: SandboxState,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Cancelled in the UI: the request's run is stopped and its request marked canceled,
+    # then its share runs are set Cancelling, and each reaches its worker as an event,
+    # seconds later (or at the cancel watch's next look, 10 s, if the event is missed).
+    # Here that Cancelling never comes (held back): a share running at the cancel ends
+    # its chunk and starts no other. It used to send all of its chunks.
+    async def held_back(client: object, flow_run_id: object) -> None:
+        return None
+
+    monkeypatch.setattr(prefect_runs, "cancel_shares", held_back)
+    tenant = seed_tenant()
+    audience = bulk_audience(tenant, users=48, prefix=f"held-{uuid.uuid4().hex[:6]}")
+    audience.devices = [d for d in audience.devices if d.app_id == tenant.android]
+    add_devices(audience.devices)
+    tokens = [d.token for d in audience.devices]
+    sandbox_state.configure(latency_ms=500)  # 24 chunks of 2, 4 a share: 2 s a share
+    try:
+        request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=2)
+        await drain()
+        run = await wait_for_state(request_id, "RUNNING", timeout=30)
+        async with asyncio.timeout(30):
+            while (share := await _running_share(run)) is None:
+                await asyncio.sleep(0.05)
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling())
+            run = await wait_for_state(request_id, "CANCELLED", "COMPLETED", timeout=30)
+            assert state_name(run) == "CANCELLED"
+            async with asyncio.timeout(10):
+                while not _ended(share := await client.read_flow_run(share.id)):
+                    await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # the answers of messages in flight at the stop land
+        sent = sandbox_stats(sandbox_url)["per_token"]
+        await asyncio.sleep(2.0)
+        again = sandbox_stats(sandbox_url)["per_token"]
+    finally:
+        sandbox_state.configure(latency_ms=0)
+    assert state_name(share) == "CANCELLED"
+    with session_scope() as session:
+        recorded = outcome_log.recorded_chunks(session=session, request_id=request_id)
+    assert len(recorded & set(share.parameters["chunk_nos"])) < 4
+    assert [again.get(t, 0) for t in tokens] == [sent.get(t, 0) for t in tokens]
+    assert max(again.get(t, 0) for t in tokens) == 1
 
 
 async def test_a_share_of_a_cancelled_request_sends_nothing(
