@@ -124,7 +124,8 @@ async def create_trigger_request(
         str | None,
         Header(
             description="Repeat a call safely: the same key and body return the first "
-            "request's id and create nothing. Ignored by a dry run.",
+            "request's id and create nothing. An empty or blank key counts as none. Ignored "
+            "by a dry run.",
             max_length=MAX_IDEMPOTENCY_KEY,
         ),
     ] = None,
@@ -180,7 +181,8 @@ async def create_trigger_request(
         settings=settings,
         storage=storage,
         request_id=request_id,
-        idempotency_key=idempotency_key,
+        # A blank key is no key: stored, it would replay its first request for any body.
+        idempotency_key=idempotency_key if idempotency_key and idempotency_key.strip() else None,
     )
     created = await to_thread.run_sync(
         lambda: create_request(

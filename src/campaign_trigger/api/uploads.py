@@ -199,7 +199,7 @@ async def read_form_input(
     if not boundary:
         raise InvalidInput(f"{MALFORMED_FORM}: no boundary")
     writer = UploadWriter(
-        storage=storage, key=key, max_bytes=max_bytes, hash_content=idempotency_key is not None
+        storage=storage, key=key, max_bytes=max_bytes, hash_content=bool(idempotency_key)
     )
     receiver = _FormReceiver(writer, messages_bytes=messages_bytes)
     parser = MultipartParser(boundary, cast("MultipartCallbacks", receiver.callbacks()))

@@ -207,7 +207,7 @@ def _create(
     now: datetime,
 ) -> str:
     key = trigger.idempotency_key
-    if key is not None:
+    if key:  # an empty key is no key: stored, it would replay its request for any body
         earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
         if earlier is not None:
             return earlier
@@ -229,7 +229,7 @@ def _create(
     except IntegrityError:
         session.rollback()
         storage.delete(file_key)
-        if key is None:
+        if not key:
             raise
         earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
         if earlier is None:  # the same key, created concurrently, is the only conflict
@@ -323,7 +323,7 @@ def _checked(
             },
             chunk_size=settings.chunk_size,
         )
-    key = trigger.idempotency_key
+    key = trigger.idempotency_key or None
     request = Request(
         id=request_id,
         org_id=org_id,

@@ -209,6 +209,33 @@ async def test_idempotency_for_csv_uploads(client: httpx.AsyncClient, tenant: Te
     assert (await send(CSV + b"u4,D,D4,w\n")).status_code == 409
 
 
+@pytest.mark.parametrize(("key", "method"), [("", "json"), ("  ", "json"), ("", "csv")])
+async def test_a_blank_idempotency_key_is_no_key(
+    client: httpx.AsyncClient, tenant: Tenant, key: str, method: str
+) -> None:
+    """A blank key replays nothing: each call with it creates its own request."""
+    headers = {**tenant.auth(), "Idempotency-Key": key}
+
+    async def send(users: int) -> httpx.Response:
+        if method == "json":
+            body = {"campaign_id": tenant.started, "messages": _messages(users)}
+            return await client.post(TRIGGER, json=body, headers=headers)
+        rows = "".join(f"u{i},N{i},{i},x\n" for i in range(users))
+        content = f"User,first_name,code,extra\n{rows}".encode()
+        return await client.post(
+            TRIGGER,
+            headers=headers,
+            files={"campaign_id": (None, tenant.started), "file": ("u.csv", content, "text/csv")},
+        )
+
+    first, second = await send(1), await send(2)
+    assert first.status_code == second.status_code == 200, second.text
+    assert first.json() != second.json()
+    for response, users in ((first, 1), (second, 2)):
+        row = _row(response.json()["request_id"])
+        assert (row.message_count, row.idempotency_key, row.body_hash) == (users, None, None)
+
+
 async def test_idempotency_key_is_per_organisation(
     client: httpx.AsyncClient, tenant: Tenant, other_tenant: Tenant
 ) -> None:

@@ -133,6 +133,25 @@ def test_the_same_idempotency_key_returns_the_first_request_or_conflicts(
     assert len(session.exec(select(Request)).all()) == 1
 
 
+def test_an_empty_idempotency_key_is_no_key(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    """Stored with its key, a request made with "" would be every later one's replay."""
+    requests = [
+        _create(
+            session,
+            settings,
+            storage,
+            org.org_id,
+            TriggerInput(campaign_id=org.campaign_id, messages=messages, idempotency_key=""),
+        )
+        for messages in (MESSAGES[:1], MESSAGES)
+    ]
+    assert requests[0] != requests[1]
+    stored = [session.get(Request, request_id) for request_id in requests]
+    assert [(r.message_count, r.idempotency_key) for r in stored if r] == [(1, None), (2, None)]
+
+
 def test_a_csv_in_storage_is_copied_and_ingested_for_send_batch(
     session: Session, settings: Settings, storage: Storage, org: Org
 ) -> None:
