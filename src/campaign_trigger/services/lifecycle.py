@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from prefect.client.schemas.objects import StateType
+from prefect.exceptions import ObjectNotFound
 from sqlalchemy import func, tuple_, update
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
@@ -87,8 +88,46 @@ def _cancel_in_outbox(session: Session, request_id: str) -> bool:
     return cancelled
 
 
+def _cancel_runless(session: Session, request_id: str) -> RequestState | None:
+    """Cancel a request whose flow run is gone if the mirror still calls it scheduled
+    (one update, so no other write of the mirror is overwritten): None if it did, else
+    the state that refused it."""
+    if request_states.set_state(
+        session=session,
+        request_id=request_id,
+        state=RequestState.canceled,
+        only_from=[RequestState.scheduled],
+    ):
+        session.commit()
+        return None
+    state = RequestState(session.exec(select(Request.state).where(Request.id == request_id)).one())
+    session.commit()
+    return state
+
+
+async def _cancel_without_run(session: Session, request: Request) -> Request:
+    """The cancel of a request whose flow run Prefect no longer knows (deleted in its UI).
+
+    As the report does, the database mirror answers: nothing creates a deleted run again
+    and no worker can claim it, so a request the mirror calls scheduled would never be
+    sent, and cancelling it is what the caller asked for (its ``request.cancelled``
+    event is queued as any cancel's). One the mirror says started (running, failed) or
+    processed is refused as started; one cancelled meanwhile is already canceled."""
+    logger.warning("cancel: the flow run of request %s is gone, the mirror decides", request.id)
+    refused_by = await in_thread(_cancel_runless, session, request.id)
+    if refused_by == RequestState.canceled:
+        raise RequestStateError(ALREADY_CANCELED)
+    if refused_by is not None:
+        raise RequestStateError(CANT_CANCEL)
+    request.state = RequestState.canceled
+    return request
+
+
 async def cancel_request(*, session: Session, org_id: int, request_id: str) -> Request:
-    """Cancel a request whose flow run has not started; returns the request as created."""
+    """Cancel a request whose flow run has not started; returns the request as created.
+
+    A request whose run was deleted in the Prefect UI is cancelled if the mirror calls it
+    scheduled (:func:`_cancel_without_run`)."""
     request = await in_thread(_load_request, session, org_id=org_id, request_id=request_id)
     if request.state == RequestState.canceled:
         raise RequestStateError(ALREADY_CANCELED)
@@ -104,17 +143,20 @@ async def cancel_request(*, session: Session, org_id: int, request_id: str) -> R
         if request.flow_run_id is None:  # the flow claimed it before its run id was stored
             raise RequestStateError(CANT_CANCEL)
     assert request.flow_run_id is not None
-    async with prefect_runs.client() as client:
-        run = await prefect_runs.read_run(client, request.flow_run_id)
-        state = run.state
-        if state is not None and state.type in (StateType.CANCELLED, StateType.CANCELLING):
-            raise await _already_canceled(session, request_id)
-        cancelled = await prefect_runs.cancel_if_scheduled(client, request.flow_run_id, run=run)
-        if not cancelled:
+    try:
+        async with prefect_runs.client() as client:
             run = await prefect_runs.read_run(client, request.flow_run_id)
-            if run.state is not None and run.state.type == StateType.CANCELLED:
+            state = run.state
+            if state is not None and state.type in (StateType.CANCELLED, StateType.CANCELLING):
                 raise await _already_canceled(session, request_id)
-            raise RequestStateError(CANT_CANCEL)
+            cancelled = await prefect_runs.cancel_if_scheduled(client, request.flow_run_id, run=run)
+            if not cancelled:
+                run = await prefect_runs.read_run(client, request.flow_run_id)
+                if run.state is not None and run.state.type == StateType.CANCELLED:
+                    raise await _already_canceled(session, request_id)
+                raise RequestStateError(CANT_CANCEL)
+    except ObjectNotFound:  # its read, its claim or its cancel: deleted at any point
+        return await _cancel_without_run(session, request)
     await in_thread(_mark_canceled, session, request_id)
     request.state = RequestState.canceled
     logger.info("request cancelled before its start")

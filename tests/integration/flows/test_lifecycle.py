@@ -201,6 +201,57 @@ async def test_a_cancel_made_in_the_prefect_ui_is_the_same_cancel(
     assert load_request(request_id).state == RequestState.canceled
 
 
+@pytest.mark.parametrize("deleted", ["before the cancel", "between its read and its claim"])
+async def test_a_cancel_of_a_scheduled_request_whose_run_was_deleted_cancels_it(
+    deployed: ManagedProcess, monkeypatch: pytest.MonkeyPatch, deleted: str
+) -> None:
+    """A run deleted in the Prefect UI never sends its request (nothing creates it
+    again): the cancel answers from the mirror, which calls it scheduled, and cancels the
+    request as asked, its event queued as any cancel's; it used to answer 500."""
+    tenant = tenant_with_webhook()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    await drain()
+    flow_run_id = load_request(request_id).flow_run_id
+    assert flow_run_id is not None
+    if deleted == "before the cancel":
+        async with get_client() as client:  # what the UI's Delete does
+            await client.delete_flow_run(UUID(flow_run_id))
+    else:
+        real_read_run = prefect_runs.read_run
+
+        async def read_then_deleted(client: PrefectClient, run_id: str) -> FlowRun:
+            run = await real_read_run(client, run_id)
+            await client.delete_flow_run(UUID(run_id))
+            return run
+
+        monkeypatch.setattr(prefect_runs, "read_run", read_then_deleted)
+
+    cancelled = await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+    assert (cancelled.id, cancelled.state) == (request_id, RequestState.canceled)
+    assert load_request(request_id).state == RequestState.canceled
+    assert queued_events(request_id) == ["request.cancelled"]
+    with pytest.raises(RequestStateError, match="Request already canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
+async def test_a_cancel_of_a_started_request_whose_run_was_deleted_is_refused(
+    deployed: ManagedProcess,
+) -> None:
+    """The mirror says the request started: what it sent is sent, it can't be canceled."""
+    tenant = seed_tenant()
+    request_id = add_request(tenant, ["u1"], send_at=later(600))
+    await drain()
+    with session_scope() as session:
+        request_states.set_state(session=session, request_id=request_id, state=RequestState.running)
+    async with get_client() as client:
+        await client.delete_flow_run(UUID(load_request(request_id).flow_run_id))
+
+    with pytest.raises(RequestStateError, match="Request can't be canceled"):
+        await cancel_request(org_id=tenant.org_id, request_id=request_id)
+    assert load_request(request_id).state == RequestState.running
+
+
 @pytest.mark.parametrize("run_state", [Cancelling, Cancelled])
 async def test_a_cancel_of_a_request_processed_meanwhile_is_refused_as_started(
     deployed: ManagedProcess, monkeypatch: pytest.MonkeyPatch, run_state: Any
