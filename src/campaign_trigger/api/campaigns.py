@@ -32,7 +32,11 @@ from campaign_trigger.services import lifecycle
 from campaign_trigger.services.preview import scratch_storage
 from campaign_trigger.services.request_views import request_body, scheduled_page
 from campaign_trigger.services.requests import create_request, preview_request
-from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.services.trigger_input import (
+    EMPTY_CAMPAIGN_ID,
+    TriggerInput,
+    check_campaign_id,
+)
 from campaign_trigger.store.files import Storage, upload_key
 from campaign_trigger.store.models import new_id
 
@@ -212,6 +216,8 @@ async def cancel_trigger_request(
     settings: SettingsDep,
 ) -> dict[str, Any]:
     """Cancel a request that has not started; returns the request as created."""
+    if not request_id.strip():
+        raise InvalidInput(NO_REQUEST_ID)
     cancelled = await lifecycle.cancel_request(
         session=session, org_id=identity.org_id, request_id=request_id
     )
@@ -246,6 +252,7 @@ async def read_scheduled_requests(
     offset: Annotated[int, Query(ge=0, le=10**9, description="Requests to skip.")] = 0,
 ) -> Response:
     """List a campaign's scheduled requests, soonest first."""
+    check_campaign_id(campaign_id)  # a blank one: Empty campaign identifier
     requests, total = await lifecycle.scheduled_requests(
         session=session, org_id=identity.org_id, campaign_id=campaign_id, limit=limit, offset=offset
     )
@@ -258,6 +265,18 @@ async def read_scheduled_requests(
     # neither validated again against ScheduledList on the way out (FastAPI's default)
     # nor decoded and encoded again (see scheduled_page).
     return Response(page, media_type="application/json", headers={"X-Total-Count": str(total)})
+
+
+@router.put("/request//cancel", include_in_schema=False)
+async def cancel_without_request_id(_identity: Sender) -> None:
+    """An empty request id segment: refused as a blank one, not 404."""
+    raise InvalidInput(NO_REQUEST_ID)
+
+
+@router.get("//request/scheduled", include_in_schema=False)
+async def read_scheduled_without_campaign_id(_identity: QuotaAccount) -> None:
+    """An empty campaign id segment: refused as a blank one, not 404."""
+    raise InvalidInput(EMPTY_CAMPAIGN_ID)
 
 
 def _request_id_param(request: Request) -> str:

@@ -127,6 +127,16 @@ async def test_scheduled_list_of_unknown_campaign(
     _error(response, "Campaign with identifier nope-123 was not found")
 
 
+@pytest.mark.parametrize("segment", ["%20", "%20%09%20", ""])
+async def test_scheduled_list_of_a_blank_campaign_id(
+    client: httpx.AsyncClient, tenant: Tenant, segment: str
+) -> None:
+    response = await client.get(
+        f"/api/campaigns/{segment}/request/scheduled", headers=tenant.auth()
+    )
+    _error(response, "Empty campaign identifier")
+
+
 @pytest.mark.parametrize("which", ["draft", "ended"])
 async def test_json_campaign_not_ready(
     client: httpx.AsyncClient, tenant: Tenant, which: str
@@ -395,6 +405,14 @@ async def test_report_without_request_id(
     client: httpx.AsyncClient, tenant: Tenant, query: str
 ) -> None:
     response = await client.get(f"/api/campaigns/report{query}", headers=tenant.auth())
+    _error(response, "You must provide a request_id")
+
+
+@pytest.mark.parametrize("segment", ["%20", "%20%09%20", ""])
+async def test_cancel_without_request_id(
+    client: httpx.AsyncClient, tenant: Tenant, segment: str
+) -> None:
+    response = await client.put(f"/api/campaigns/request/{segment}/cancel", headers=tenant.auth())
     _error(response, "You must provide a request_id")
 
 
