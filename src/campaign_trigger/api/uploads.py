@@ -97,7 +97,6 @@ class _FormReceiver:
         self.writer = writer
         self.messages_bytes = messages_bytes
         self.fields: dict[str, list[str]] = {}
-        self.file_names: list[str] = []
         self.upload: _Part | None = None
         self.parts = 0
         self.flush_due = False
@@ -141,10 +140,8 @@ class _FormReceiver:
         part.filename = filename.decode("utf-8", "replace") if filename is not None else None
         declared = part.headers.get("content-type")
         part.content_type = declared.decode("latin-1") if declared is not None else None
-        if part.filename is not None:
-            self.file_names.append(part.name)
-            if part.name == FILE_KEY and self.upload is None:
-                self.upload = part
+        if part.filename is not None and part.name == FILE_KEY and self.upload is None:
+            self.upload = part
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         part = self._part
@@ -264,5 +261,4 @@ def _trigger_from_form(
         upload=upload,
         idempotency_key=idempotency_key,
         body_hash=digest,
-        misnamed_file=upload is None and any(n != FILE_KEY for n in receiver.file_names),
     )

@@ -59,7 +59,6 @@ class TriggerInput:
     upload: StoredUpload | None = None
     source_key: str | None = None
     file_member: bool = False  # a JSON body that also names a `file`
-    misnamed_file: bool = False  # a form's file under another key than `file`
     idempotency_key: str | None = None
     body_hash: str | None = None
 

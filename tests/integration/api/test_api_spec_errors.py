@@ -242,6 +242,15 @@ async def test_json_with_messages_and_file(client: httpx.AsyncClient, tenant: Te
     _error(await _json(client, tenant, body), "Must provide either JSON messages or a CSV file")
 
 
+@pytest.mark.parametrize("file", ["users.csv", None])
+async def test_json_with_a_file_member_and_no_messages(
+    client: httpx.AsyncClient, tenant: Tenant, file: str | None
+) -> None:
+    """A JSON body cannot carry a file: its `file` member counts only against messages."""
+    body = {"campaign_id": tenant.started, "file": file}
+    _error(await _json(client, tenant, body), "Must provide JSON messages or a CSV file")
+
+
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64)
 XLSX = b"PK\x03\x04\x14\x00\x06\x00" + bytes(64)
 
