@@ -145,7 +145,8 @@ async def create_trigger_request(
     """Create a request: JSON messages, or a CSV file as multipart form-data.
 
     The CSV file goes under the form key `file`: a file under any other key is not
-    read (the call answers `Must provide JSON messages or a CSV file`).
+    read (the call answers `Must provide JSON messages or a CSV file`), and a second file
+    under `file` is refused (`Must provide either JSON messages or a CSV file`).
 
     Besides the specification's refusals: with `CT_REQUIRE_APP_CREDENTIALS` on
     (production), a push campaign with an app that has no provider credentials is

@@ -98,6 +98,7 @@ class _FormReceiver:
         self.messages_bytes = messages_bytes
         self.fields: dict[str, list[str]] = {}
         self.upload: _Part | None = None
+        self.extra_files = 0  # files under `file` after the first: counted, dropped, refused
         self.parts = 0
         self.flush_due = False
         self._part = _Part()
@@ -155,10 +156,13 @@ class _FormReceiver:
                     f"The form field {part.name!r} is larger than the {allowed} bytes allowed"
                 )
             part.data.append(data[start:end])
-        # other files (not under `file`) are counted and dropped
+        # other files (a second under `file`, any under another key) are counted and dropped
 
     def on_part_end(self) -> None:
         part = self._part
+        another = part.name == FILE_KEY and part.filename is not None and part is not self.upload
+        if another and (part.size or part.filename):  # an empty file input is no file
+            self.extra_files += 1
         if part.filename is None:
             try:
                 value = b"".join(part.data).decode("utf-8")
@@ -252,7 +256,10 @@ def _trigger_from_form(
             raise InvalidInput(LONE_SURROGATE)
     digest = None
     if idempotency_key:
-        digest = body_hash({"fields": fields, "file": writer.sha256 if upload else None})
+        hashed: dict[str, object] = {"fields": fields, "file": writer.sha256 if upload else None}
+        if receiver.extra_files:  # refused, never the replay of a call with one file
+            hashed["extra_files"] = receiver.extra_files
+        digest = body_hash(hashed)
     send_at = _field(fields, "send_at")
     return TriggerInput(
         campaign_id=_field(fields, "campaign_id"),
@@ -261,4 +268,5 @@ def _trigger_from_form(
         upload=upload,
         idempotency_key=idempotency_key,
         body_hash=digest,
+        extra_files=receiver.extra_files,
     )

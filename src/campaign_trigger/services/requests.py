@@ -280,7 +280,7 @@ def _checked(
     has_file = trigger.upload is not None or trigger.source_key is not None
     if not has_json and not has_file:
         raise InvalidInput(NEITHER)
-    if has_json and (has_file or trigger.file_member):
+    if (has_json and (has_file or trigger.file_member)) or trigger.extra_files:
         raise InvalidInput(BOTH)
 
     messages: list[dict[str, Any]] = []

@@ -59,6 +59,7 @@ class TriggerInput:
     upload: StoredUpload | None = None
     source_key: str | None = None
     file_member: bool = False  # a JSON body that also names a `file`
+    extra_files: int = 0  # a form's files under `file` after the first (refused)
     idempotency_key: str | None = None
     body_hash: str | None = None
 

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from api_tenants import Tenant
+from sqlmodel import select
 
 from campaign_trigger.store.db import session_scope
 from campaign_trigger.store.models import Request, RequestState
@@ -249,6 +250,38 @@ async def test_json_with_a_file_member_and_no_messages(
     """A JSON body cannot carry a file: its `file` member counts only against messages."""
     body = {"campaign_id": tenant.started, "file": file}
     _error(await _json(client, tenant, body), "Must provide JSON messages or a CSV file")
+
+
+@pytest.mark.parametrize(
+    ("second", "refused"),
+    [
+        (b'filename="more.csv"\r\nContent-Type: text/csv\r\n\r\n' + GOOD_CSV, True),
+        (b'filename=""\r\nContent-Type: text/csv\r\n\r\n' + GOOD_CSV, True),
+        (b'filename=""\r\nContent-Type: application/octet-stream\r\n\r\n', False),
+    ],
+)
+async def test_csv_form_with_two_files(
+    client: httpx.AsyncClient, tenant: Tenant, second: bytes, refused: bool
+) -> None:
+    """Exactly one CSV file: a second one under `file` is refused, not silently dropped;
+    a browser's empty file input (no name, no bytes) is no file."""
+    parts = [
+        b'name="campaign_id"\r\n\r\n' + tenant.started.encode(),
+        b'name="file"; filename="users.csv"\r\nContent-Type: text/csv\r\n\r\n' + GOOD_CSV,
+        b'name="file"; ' + second,
+    ]
+    content = b"".join(b"--b0\r\nContent-Disposition: form-data; " + p + b"\r\n" for p in parts)
+    response = await client.post(
+        TRIGGER,
+        content=content + b"--b0--\r\n",
+        headers={**tenant.auth(), "Content-Type": "multipart/form-data; boundary=b0"},
+    )
+    if not refused:
+        assert response.status_code == 200, response.text
+        return
+    _error(response, "Must provide either JSON messages or a CSV file")
+    with session_scope() as session:
+        assert session.exec(select(Request).where(Request.org_id == tenant.org_id)).all() == []
 
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64)
