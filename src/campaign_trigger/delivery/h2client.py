@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ssl
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import h2.config
@@ -31,6 +32,10 @@ from campaign_trigger.delivery import freeze
 from campaign_trigger.delivery.hpack_plain import PlainEncoder
 from campaign_trigger.delivery.sandbox_tls import client_context
 from campaign_trigger.delivery.sending import NotProcessed, TransportError
+
+if TYPE_CHECKING:
+    from h2.events import Event
+    from hyperframe.frame import Frame, GoAwayFrame
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -58,6 +63,21 @@ def _retrieve(future: asyncio.Future[H2Response]) -> None:
         future.exception()
 
 
+class _H2(h2.connection.H2Connection):
+    """h2's client connection, reading on after a GOAWAY.
+
+    The streams up to the GOAWAY's last_stream_id may have been processed, and their
+    answers may follow it (RFC 9113 §6.8). h2 closes its side on a GOAWAY and refuses
+    every later frame (python-hyper/h2#1181): the connection was dropped, those streams
+    failed as lost and were sent again, a message going twice. Open, it reads them; no
+    new stream is made on it (``_Connection.usable``)."""
+
+    def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Frame], list[Event]]:
+        frames, events = super()._receive_goaway_frame(frame)
+        self.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        return frames, events
+
+
 class _Connection(asyncio.Protocol):
     """One HTTP/2 connection (client side)."""
 
@@ -76,7 +96,7 @@ class _Connection(asyncio.Protocol):
             validate_inbound_headers=False,
             normalize_inbound_headers=False,
         )
-        self.h2 = h2.connection.H2Connection(config=config)
+        self.h2 = _H2(config=config)
         self.h2.encoder = PlainEncoder()  # type: ignore[assignment]
         self._stream_cap = stream_cap
         self.transport: asyncio.Transport | None = None
@@ -173,6 +193,8 @@ class _Connection(asyncio.Protocol):
             else:
                 response = H2Response(stream.status, stream.headers, bytes(stream.body))
                 stream.future.set_result(response)
+        if not self.usable and not self.streams and self.transport is not None:
+            self.transport.close()  # the last stream a GOAWAY let finish
         self._on_free.set()
 
     def _goaway(self, last_stream_id: int | None) -> None:
@@ -181,7 +203,7 @@ class _Connection(asyncio.Protocol):
         for stream_id in [sid for sid in self.streams if sid > last]:
             self._finish(stream_id, NotProcessed("GOAWAY: stream not processed"))
         if not self.streams and self.transport is not None:
-            self.transport.close()
+            self.transport.close()  # else once the streams left are answered (_finish)
 
     def _abort(self, why: str) -> None:
         self.usable = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -131,6 +132,23 @@ class GoawayServer:
     goaways: int = 0
     # instead of GOAWAY, drop the connection (TCP reset) with the later streams in flight
     abort: bool = False
+    # GOAWAY first, naming the last stream as processed, and that stream's answer after it
+    # (a graceful shutdown: RFC 9113 §6.8 lets streams up to last_stream_id complete)
+    graceful: bool = False
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    return (
+        struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream_id) + payload
+    )
+
+
+def _goaway_then_answer(stream_id: int) -> bytes:
+    """GOAWAY naming ``stream_id`` the last processed, then its answer: ``:status 200``
+    (HPACK static index 8: no dynamic table entry), ending the stream. Written by hand:
+    h2 sends nothing once it has sent a GOAWAY."""
+    goaway = _frame(0x7, 0, 0, struct.pack(">II", stream_id, 0))
+    return goaway + _frame(0x1, 0x1 | 0x4, stream_id, b"\x88")
 
 
 class _GoawayProtocol(asyncio.Protocol):
@@ -164,11 +182,19 @@ class _GoawayProtocol(asyncio.Protocol):
             elif isinstance(event, h2.events.StreamEnded) and not self.gone:
                 stream_id = event.stream_id
                 self.server.processed.append(self.paths[stream_id].rsplit("/", 1)[-1])
+                self.done += 1
+                last = self.done >= self.server.streams_per_connection
+                if last and self.server.graceful:
+                    self.gone = True
+                    self.server.goaways += 1
+                    self.transport.write(self.h2.data_to_send())
+                    self.transport.write(_goaway_then_answer(stream_id))
+                    asyncio.get_running_loop().call_later(0.05, self.transport.close)
+                    return
                 self.h2.send_headers(
                     stream_id, [(":status", "200"), ("apns-id", "x")], end_stream=True
                 )
-                self.done += 1
-                if self.done >= self.server.streams_per_connection:
+                if last:
                     self.gone = True
                     self.server.goaways += 1
                     loop = asyncio.get_running_loop()
@@ -181,11 +207,16 @@ class _GoawayProtocol(asyncio.Protocol):
             self.transport.write(self.h2.data_to_send())
 
 
-@pytest.fixture(params=[False, True], ids=["goaway", "reset"])
+@pytest.fixture(params=["goaway", "reset", "graceful"])
 async def goaway_server(request: pytest.FixtureRequest) -> AsyncIterator[GoawayServer]:
     """A :class:`GoawayServer` (10 streams per connection) on a free port: one that says
-    GOAWAY, and one that drops its connections without a word."""
-    server = GoawayServer(streams_per_connection=10, abort=request.param)
+    GOAWAY, one that drops its connections without a word, and one that says GOAWAY
+    before its last answer."""
+    server = GoawayServer(
+        streams_per_connection=10,
+        abort=request.param == "reset",
+        graceful=request.param == "graceful",
+    )
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(lambda: _GoawayProtocol(server), "127.0.0.1", 0)
     server.port = listener.sockets[0].getsockname()[1]
