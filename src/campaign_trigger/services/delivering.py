@@ -229,10 +229,12 @@ async def _send_push(
             try:
                 results = await provider.send_many(messages, on_result=record)
             except Exception as exc:  # every answer was recorded once send_many returns
+                # The error's type only: its text may quote what was sent or recorded (a
+                # database error's statement), and this message is the run's state in the UI.
                 raise SendsInterrupted(
                     f"chunk {job.chunk_no + 1} of request {job.request_id}: its sends to "
-                    f"app {app.app_id} broke off ({exc!r}); not tried again, so that no "
-                    "message in flight goes twice"
+                    f"app {app.app_id} broke off ({type(exc).__name__}); not tried again, so "
+                    "that no message in flight goes twice"
                 ) from exc
             metrics.count_messages(provider_name, Counter(r.error_message for r in results))
             _log_failures(job, app, provider, results)

@@ -2,6 +2,12 @@
 
 A SQLite database file is created 0600 in a 0700 folder (it holds SDK and identity
 keys); an existing one of ours loses any group or other rights.
+
+A database error names no value of its statement: its parameters are hidden
+(``hide_parameters``), and a PostgreSQL error's detail (``Key (token)=(...)``, ``Failing
+row contains (...)``) is dropped, as its text reaches logs, tracebacks and the Prefect
+UI's state messages, where a rendered message (a one-time code), a user id or a push
+token must never be read.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlmodel import Session
 
 from campaign_trigger.config import get_settings
@@ -45,6 +51,20 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _without_detail(context: ExceptionContext) -> None:
+    """Drop a PostgreSQL error's detail, which quotes the values of the row it failed on,
+    from the driver's exception and SQLAlchemy's (kept, for code, in ``diag``)."""
+    orig = context.original_exception
+    diag = getattr(orig, "diag", None)
+    if diag is None or not diag.message_detail or not diag.message_primary:
+        return
+    orig.args = (diag.message_primary,)
+    wrapped = context.sqlalchemy_exception
+    if wrapped is not None:
+        kind = type(orig)
+        wrapped.args = (f"({kind.__module__}.{kind.__name__}) {diag.message_primary}",)
+
+
 @lru_cache(maxsize=8)
 def engine_for(url: str) -> Engine:
     """One engine per database URL, per process."""
@@ -61,10 +81,15 @@ def engine_for(url: str) -> Engine:
             connect_args={"check_same_thread": False, "timeout": 30},
             pool_size=SQLITE_POOL_SIZE,
             max_overflow=SQLITE_POOL_OVERFLOW,
+            hide_parameters=True,
         )
         event.listen(engine, "connect", _on_sqlite_connect)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(
+        url, pool_pre_ping=True, pool_size=10, max_overflow=20, hide_parameters=True
+    )
+    event.listen(engine, "handle_error", _without_detail)
+    return engine
 
 
 def get_engine() -> Engine:

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from sqlalchemy import insert
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
@@ -24,7 +25,7 @@ from campaign_trigger.delivery.fcm import FcmProvider
 from campaign_trigger.delivery.providers import ProviderFor
 from campaign_trigger.services import delivery_run, outcome_log
 from campaign_trigger.services.audience import AppTarget
-from campaign_trigger.services.delivering import process_chunk
+from campaign_trigger.services.delivering import SendsInterrupted, process_chunk
 from campaign_trigger.services.message_file import USER_FIELD
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
@@ -367,3 +368,32 @@ def test_the_apps_of_a_campaign_are_its_targets(session: Session, org: Org) -> N
     assert campaign_apps(session=session, campaign_id=org.campaign_id) == [
         AppTarget(app_id=org.app_id, platform=Platform.android)
     ]
+
+
+class BrokenOffByTheDatabase(FakeProvider):
+    """Its sends break off on an answer the database could not record, in an error whose
+    text quotes the row (as PostgreSQL's detail does)."""
+
+    async def send_many(
+        self, messages: Sequence[PushMessage], *, on_result: Any = None
+    ) -> list[PushResult]:
+        row = ", ".join(f"{m.token}, {m.body}" for m in messages)
+        raise IntegrityError(
+            "INSERT INTO inbox_message (push_token, body) VALUES (?, ?)",
+            None,
+            Exception(f"not-null constraint\nDETAIL:  Failing row contains ({row})."),
+        )
+
+
+def test_sends_broken_off_are_told_without_the_text_of_their_error(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    """The message of ``SendsInterrupted`` is the Failed state the Prefect UI shows."""
+    _devices(session, org, {"u0": "t0"})
+    request_id = _request(session, settings, storage, org, 1)
+    with pytest.raises(SendsInterrupted) as raised:
+        _deliver(session, settings, request_id, _chunk(["u0"]), BrokenOffByTheDatabase())
+    told = str(raised.value)
+    assert "Code C0" not in told
+    assert "t0" not in told
+    assert "broke off (IntegrityError)" in told
