@@ -9,6 +9,10 @@ the token would have expired anyway. The account is read again on every call, so
 deleted account, a changed role or a revoked token takes effect at once: one statement
 reads the account, whether the token is revoked and the organisation's quota
 (:class:`quota.Allowance`, which the API then takes a unit of).
+
+An account id is not enough to name the account a token was issued to: SQLite gives a
+new account the id of the newest one deleted. A token is refused unless its ``org`` is
+the account's organisation and it was issued no earlier than the account was created.
 """
 
 from __future__ import annotations
@@ -142,6 +146,7 @@ def _caller_statement() -> Select[Any]:
             col(Account.org_id),
             col(Account.email),
             col(Account.role),
+            col(Account.created_at),
             revoked,
             col(Organisation.request_quota),
             col(Organisation.quota_period),
@@ -169,8 +174,8 @@ def identity_from_token(*, session: Session, settings: Settings, token: str) -> 
     )
     if row is None:
         raise Unauthenticated(BAD_TOKEN)
-    found_id, org_id, email, role, revoked, limit, period_kind = row
-    if revoked:
+    found_id, org_id, email, role, created_at, revoked, limit, period_kind = row
+    if revoked or not _issued_to(claims, org_id=org_id, created_at=created_at):
         raise Unauthenticated(BAD_TOKEN)
     return Identity(
         account_id=found_id,
@@ -180,6 +185,17 @@ def identity_from_token(*, session: Session, settings: Settings, token: str) -> 
         jti=claims["jti"],
         expires_at=datetime.fromtimestamp(int(claims["exp"]), UTC),
         allowance=None if limit is None else Allowance(limit=limit, period_kind=period_kind),
+    )
+
+
+def _issued_to(claims: dict[str, Any], *, org_id: int, created_at: datetime) -> bool:
+    """Whether the token was issued to the account now holding its ``sub``: one of its
+    organisation, created before the token (``iat`` has whole seconds)."""
+    issued_at = claims["iat"]
+    return (
+        claims.get("org") == org_id
+        and isinstance(issued_at, int)
+        and issued_at >= int(created_at.timestamp())
     )
 
 

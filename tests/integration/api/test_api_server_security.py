@@ -213,6 +213,52 @@ def test_a_deleted_account_token_is_refused(http: httpx.Client, tenant: Tenant) 
     assert response.status_code == 401
 
 
+@pytest.mark.parametrize("same_org", [False, True], ids=["another-org", "same-org"])
+def test_a_deleted_account_token_does_not_sign_in_the_account_given_its_id(
+    http: httpx.Client, tenant: Tenant, other_tenant: Tenant, same_org: bool
+) -> None:
+    """SQLite gives a new account the id of the newest one deleted (a rowid without
+    AUTOINCREMENT): written here with that id, on any database."""
+    settings = get_settings()
+    now = datetime.now(UTC)
+    with session_scope() as session:
+        account = Account(
+            org_id=tenant.org_id,
+            email=f"gone-{tenant.name}@example.com",
+            password_hash="x",
+            created_at=now - timedelta(seconds=10),
+        )
+        session.add(account)
+        session.flush()
+        assert account.id is not None
+        account_id = account.id
+        old_token = issue_token(settings=settings, account=account, now=now - timedelta(seconds=5))
+    listing = f"/api/campaigns/{tenant.started}/request/scheduled"
+    assert http.get(listing, headers={"Authorization": f"Bearer {old_token}"}).status_code == 200
+    owner = tenant if same_org else other_tenant
+    with session_scope() as session:
+        session.delete(session.get(Account, account_id))
+        session.flush()
+        session.add(
+            Account(
+                id=account_id,
+                org_id=owner.org_id,
+                email=f"new-{owner.name}-{same_org}@example.com",
+                password_hash="x",
+                role=Role.owner,
+            )
+        )
+    listing = f"/api/campaigns/{owner.started}/request/scheduled"
+    response = http.get(listing, headers={"Authorization": f"Bearer {old_token}"})
+    assert response.status_code == 401, response.text
+    assert response.json() == {"error_message": "Invalid or missing access token"}
+    with session_scope() as session:  # the new account's own token works
+        new_account = session.get(Account, account_id)
+        assert new_account is not None
+        fresh = issue_token(settings=settings, account=new_account)
+    assert http.get(listing, headers={"Authorization": f"Bearer {fresh}"}).status_code == 200
+
+
 # --- roles ---------------------------------------------------------------------------
 
 
