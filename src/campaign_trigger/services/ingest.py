@@ -17,6 +17,7 @@ import contextlib
 import csv
 import io
 import queue
+import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -75,8 +76,15 @@ def read_header(storage: Storage, key: str) -> list[str]:
     return names
 
 
+_QUOTED_ROW = re.compile(r"(Expected \d+ columns, got \d+):.*", re.DOTALL)
+_QUOTED_VALUE = re.compile(r"(invalid value) .*", re.DOTALL)
+
+
 def _arrow_message(exc: Exception) -> str:
-    text = str(exc).strip()
+    """pyarrow's reason, without the row or value it quotes: the message is also the
+    Prefect UI's (a refused send-batch run's state, artifact and log), where a user id
+    or a one-time code must not be read. The row's number stays."""
+    text = _QUOTED_VALUE.sub(r"\1", _QUOTED_ROW.sub(r"\1", str(exc).strip()))
     return text if len(text) <= 300 else text[:297] + "..."
 
 

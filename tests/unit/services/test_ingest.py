@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import uuid
 from pathlib import Path
 
@@ -164,8 +165,7 @@ def test_blank_and_too_long_users_are_refused(storage: Storage) -> None:
         ),
         (
             b"User,code\nu1,a,b\n",
-            "Error when reading CSV file: CSV parse error: Row #2: Expected 2 columns, "
-            "got 3: u1,a,b",
+            "Error when reading CSV file: CSV parse error: Row #2: Expected 2 columns, got 3",
         ),
     ],
 )
@@ -177,6 +177,29 @@ def test_reading_errors(storage: Storage, content: bytes, message: str) -> None:
         not storage.fs.exists(storage.path("messages"))
         or storage.fs.ls(storage.path("messages")) == []
     )
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"User,code\nbob,987654,extra\n",  # a row too long
+        b"User,code\nu0,1\n" + b"u1,2\n" * 3000 + b"bob,987654,extra\n",  # in a later block
+        b"User,code,name\nbob,987654\n",  # a row too short
+    ],
+)
+def test_a_ragged_row_is_named_by_its_number_not_by_its_content(
+    storage: Storage, content: bytes
+) -> None:
+    """The message is also what a refused send-batch run shows in the Prefect UI."""
+    with pytest.raises(InvalidInput) as caught:
+        _ingest(storage, content, ["code"], block_bytes=4096)
+    message = caught.value.message
+    assert "bob" not in message
+    assert "987654" not in message
+    assert re.fullmatch(
+        r"Error when reading CSV file: CSV parse error: (Row #\d+: )?Expected \d columns, got \d",
+        message,
+    ), message
 
 
 def test_invalid_utf8_in_a_value_is_refused(storage: Storage) -> None:
