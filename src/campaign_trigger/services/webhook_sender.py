@@ -132,14 +132,17 @@ async def private_destination(url: str) -> str | None:
     """Why ``url``'s host is refused (it resolves to a private address), or None.
 
     Checked at each POST, not only at registration: a public name can be pointed at a
-    private address later. A name that does not resolve is left to the POST to fail."""
+    private address later. A name that does not resolve now is refused too (the POST's
+    own lookup could find a private address): the attempt fails and is retried."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return None
+    except OSError as exc:
+        return f"refused: {host} could not be resolved ({_describe(exc)})"
+    if not found:
+        return f"refused: {host} could not be resolved"
     for *_, address in found:
         if webhooks.is_private(str(address[0])):
             return f"refused: {host} resolves to {address[0]}, not a public address"
@@ -154,7 +157,7 @@ async def attempt(
     if not webhooks.private_allowed(settings):
         refused = await private_destination(job.url)
         if refused is not None:
-            return None, refused, 0
+            return None, refused[:MAX_ERROR_LENGTH], 0
     headers = {
         "Content-Type": "application/json",
         "User-Agent": f"campaign-trigger-webhooks/{__version__}",

@@ -115,13 +115,37 @@ def private_allowed(settings: Settings) -> bool:
     return settings.send_to_sandbox or settings.webhook_allow_private_addresses
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052, well-known prefix
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215, a network's own
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated, still routed by some stacks
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one reaches: IPv4-mapped, 6to4 (2002::/16), NAT64
+    (64:ff9b::/96) and IPv4-compatible addresses carry it; None for the others."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or ip in _IPV4_COMPATIBLE:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def is_private(address: str) -> bool:
     """True unless ``address`` (an IP) is a public unicast one: private, loopback,
     link-local (cloud metadata at 169.254.169.254), shared, reserved and multicast
-    addresses are ours or nobody's, IPv4-mapped IPv6 judged as its IPv4."""
+    addresses are ours or nobody's. An IPv6 address carrying an IPv4 one (IPv4-mapped,
+    6to4, NAT64, IPv4-compatible) is judged as that IPv4 address, which a translator
+    would reach (``64:ff9b::a9fe:a9fe`` is the metadata address); a local NAT64 prefix
+    (64:ff9b:1::/48) is private."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _LOCAL_NAT64:
+            return True
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            ip = embedded
     return not ip.is_global or ip.is_multicast
 
 

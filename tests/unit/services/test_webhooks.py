@@ -310,3 +310,47 @@ def test_settled_events_are_forgotten_after_the_retention_period(
     session.commit()
     assert {d.request_id for d in session.exec(select(WebhookDelivery))} == {pending, recent}
     assert session.exec(select(WebhookAttempt)).all() == []
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b:1::a9fe:a9fe",  # a network's own NAT64 prefix
+        "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+        "2002:0a00:0001::1",  # 6to4 of 10.0.0.1
+        "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
+        "::ffff:a9fe:a9fe",  # IPv4-mapped 169.254.169.254
+    ],
+)
+def test_an_ipv6_address_carrying_a_private_ipv4_one_is_private(
+    settings: Settings, address: str
+) -> None:
+    assert webhooks.is_private(address)
+    with pytest.raises(InvalidInput, match="private, loopback, link-local or reserved"):
+        webhooks.check_url(settings=settings, url=f"https://[{address}]/h")
+
+
+@pytest.mark.parametrize(
+    "address", ["64:ff9b::808:808", "2002:808:808::1", "2606:4700::1111", "8.8.8.8"]
+)
+def test_an_ipv6_address_carrying_a_public_ipv4_one_is_public(address: str) -> None:
+    assert not webhooks.is_private(address)
+
+
+async def test_a_name_that_does_not_resolve_is_not_called_its_attempt_failed(
+    settings: Settings,
+) -> None:
+    called: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        called.append(request)
+        return httpx.Response(200)
+
+    job = Job(delivery_id=1, url="https://no-such-host.invalid/hook", secret="whsec_x", body=b"{}")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        status, error, _ = await attempt(client, settings, job)
+    assert (status, called) == (None, [])
+    assert error is not None
+    assert error.startswith("refused: no-such-host.invalid could not be resolved")
