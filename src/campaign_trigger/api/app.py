@@ -114,18 +114,20 @@ def create_app(
             },
             503: {
                 "description": "A part the service needs is down (`status` `down`): "
-                "`down` names it (`database`, `storage`, `prefect`), `errors` says why"
+                "`down` names it (`database`, `storage`, `prefect`); why is in the API's log"
             },
         },
     )
     async def read_health(settings: SettingsDep) -> JSONResponse:
         """The state of each part: the database, the storage of uploads and reports, the
         Prefect server (each `ok` or `unreachable`), and the push providers (FCM with its
-        token endpoint, APNs: reachable or not, with the URL and the error). `status` is
-        `ok` when every part is, `degraded` when only a provider is not, `down` (503) when
-        the database, the storage or Prefect is."""
-        body = await health.check(settings)
-        return JSONResponse(body, status_code=503 if body["down"] else 200)
+        token endpoint, APNs: `ok` or `unreachable`). `status` is `ok` when every part is,
+        `degraded` when only a provider is not, `down` (503) when the database, the storage
+        or Prefect is. Why a part is not ok, and where it was looked for, is in the API's
+        log and in `campaign-trigger status`, not in this unauthenticated answer."""
+        report = await health.check(settings)
+        health.log_reasons(report)
+        return JSONResponse(health.public(report), status_code=503 if report["down"] else 200)
 
     install_observability(app)
     customise_openapi(app, extra_models=campaigns.BODY_MODELS)

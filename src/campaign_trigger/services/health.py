@@ -5,12 +5,18 @@ the Prefect server — and the push providers, without which it still accepts re
 (their messages then fail with ``FPErrPushFailed``). :func:`check` answers ``status``:
 ``ok``, ``degraded`` (a provider unreachable) or ``down`` (a part it needs, named in
 ``down``; the API then answers 503).
+
+``GET /health`` needs no authentication, so it answers :func:`public`: which part is down,
+not why nor where (error texts name database hosts and users, the storage and Prefect
+URLs); the reasons go to the API's log (:func:`log_reasons`) and to ``campaign-trigger
+status``, which reads :func:`check` itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import uuid
 from typing import Any, Final
@@ -23,6 +29,8 @@ from campaign_trigger import __version__
 from campaign_trigger.config import Settings
 from campaign_trigger.store.db import get_engine
 from campaign_trigger.store.files import get_storage
+
+logger = logging.getLogger(__name__)
 
 OK: Final = "ok"
 UNREACHABLE: Final = "unreachable"
@@ -140,3 +148,36 @@ async def check(settings: Settings) -> dict[str, Any]:
         "providers": provider_states,
         "version": __version__,
     }
+
+
+def public(report: dict[str, Any]) -> dict[str, Any]:
+    """What ``GET /health`` answers anyone: each part's state, without the reasons nor
+    the providers' URLs."""
+    return {
+        **{key: value for key, value in report.items() if key != "errors"},
+        "providers": {
+            name: {"status": state["status"]} for name, state in report["providers"].items()
+        },
+    }
+
+
+_reasons_logged: dict[str, str] = {}
+
+
+def log_reasons(report: dict[str, Any]) -> None:
+    """Log why a part is down or a provider unreachable, when that changed since this
+    process last logged it (a probe every few seconds would repeat it)."""
+    reasons = dict(report["errors"])
+    reasons.update(
+        (name, f"{state['url']}: {state['error']}")
+        for name, state in report["providers"].items()
+        if "error" in state
+    )
+    if reasons == _reasons_logged:
+        return
+    _reasons_logged.clear()
+    _reasons_logged.update(reasons)
+    for part, reason in reasons.items():
+        logger.warning("health: %s unreachable: %s", part, reason)
+    if not reasons:
+        logger.info("health: every part ok")
