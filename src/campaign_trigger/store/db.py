@@ -86,7 +86,16 @@ def engine_for(url: str) -> Engine:
         event.listen(engine, "connect", _on_sqlite_connect)
         return engine
     engine = create_engine(
-        url, pool_pre_ping=True, pool_size=10, max_overflow=20, hide_parameters=True
+        url,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=20,
+        hide_parameters=True,
+        # PostgreSQL answers a timestamptz in the session's time zone, the server's
+        # unless named: east of UTC, a send time late on 9999-12-31 read as year 10000,
+        # which psycopg refuses (its request's cancel, its campaign's scheduled list and
+        # the outbox drainer failed on it). In UTC every stored time reads back.
+        connect_args={"options": "-c timezone=UTC"},
     )
     event.listen(engine, "handle_error", _without_detail)
     return engine
