@@ -237,6 +237,12 @@ def _when(run: FlowRun) -> str:
     return "while running" if run.start_time is not None else "before its start"
 
 
+# The claimer of each run Cancelling at the watch's last look (a Cancelling run is never
+# claimed again: Prefect refuses it Pending): read once, not at every look while another
+# process's run waits for its worker to stop it or for the dead-run limit.
+_claimers: dict[UUID, str | None] = {}
+
+
 async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) -> None:
     """End Cancelled the cancelled runs no worker executes: claimed by a worker of this
     process whose execution of it failed before Prefect's engine ended it; or claimed by
@@ -250,11 +256,15 @@ async def _end_unexecuted(workers: list[DeliveryWorker], client: PrefectClient) 
     ours = {worker.name for worker in workers}
     limit = timedelta(seconds=get_settings().dead_run_after_seconds)
     online: set[str] | None = None
+    for gone in _claimers.keys() - {run.id for run in runs}:
+        del _claimers[gone]
     for run in runs:
         if run.state is None or any(worker.executes(run.id) for worker in workers):
             continue
         try:  # one run that cannot be read or ended does not hold back the others
-            claimer = _worker_of(await _claimer(client, run))
+            if run.id not in _claimers:
+                _claimers[run.id] = _worker_of(await _claimer(client, run))
+            claimer = _claimers[run.id]
             if claimer is None:  # not claimed by a worker: a cancel's claim ends it itself
                 continue
             if claimer not in ours:
