@@ -52,8 +52,10 @@ class Message(BaseModel):
         default_factory=dict,
         description='Template variable name to value for this user, e.g. {"first_name": "Ada"}; '
         "every variable of the campaign's message must be given. The message shows each "
-        "value's text exactly: a string as is, a number as written (`2.00` stays `2.00`), "
-        "`true`/`false`, and `null` as empty.",
+        "value's text exactly: a string as is, a number as the API's JSON body wrote it "
+        "(`2.00` stays `2.00`), `true`/`false`, and `null` as empty. Through the Prefect "
+        "form or Python a number arrives parsed and shows as Python writes it (`2.0`, "
+        '`1000.0` for `1e3`): quote a value whose form matters ("2.00").',
     )
 
     @field_validator("template_variables", mode="before")
