@@ -120,6 +120,25 @@ def _create(
     return Accepted(request_id=created, org_id=org_id, campaign_id=campaign_id, message_count=count)
 
 
+def _idempotency_key() -> str | None:
+    """What names this call of send-batch across its runs: a retried or re-run flow run
+    finds its request instead of making a second one.
+
+    A subflow's own run is no such name: when its parent flow is retried, Prefect makes
+    the subflow a new flow run if it completed without a stored result (ours stores
+    none). The parent's task run that stands for the call stays the same one (the
+    server keeps one per parent run, task and call order: its ``dynamic_key``), so a
+    subflow is named by it.
+    """
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context is not None else None
+    if flow_run is None:
+        return None
+    if flow_run.parent_task_run_id is not None:
+        return f"send-batch:call:{flow_run.parent_task_run_id}"
+    return f"send-batch:{flow_run.id}"
+
+
 @task(name="create request", cache_policy=NO_CACHE, persist_result=False)
 def create_request(
     *,
@@ -131,10 +150,8 @@ def create_request(
 ) -> Accepted:
     """Check and store the batch as a request of the campaign's organisation."""
     run_coro_as_sync(_check_delivery_is_deployed())
-    context = FlowRunContext.get()
-    run_id = context.flow_run.id if context is not None and context.flow_run else None
-    # A retried or re-run flow run finds its request instead of making a second one.
-    idempotency = (f"send-batch:{run_id}", body_hash(fingerprint)) if run_id else None
+    key = _idempotency_key()
+    idempotency = (key, body_hash(fingerprint)) if key else None
     return _create(
         campaign_id=campaign_id,
         send_at=send_at,
