@@ -82,7 +82,7 @@ def ready_campaign(*, session: Session, org_id: int, campaign_id: str) -> Campai
     return campaign
 
 
-def _replayed(*, session: Session, org_id: int, key: str, digest: str | None) -> str | None:
+def replayed(*, session: Session, org_id: int, key: str, digest: str | None) -> str | None:
     """The id of the request made earlier with this key, or None; Conflict if bodies differ."""
     earlier = session.exec(
         select(Request).where(Request.org_id == org_id, Request.idempotency_key == key)
@@ -208,7 +208,7 @@ def _create(
 ) -> str:
     key = trigger.idempotency_key
     if key:  # an empty key is no key: stored, it would replay its request for any body
-        earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
+        earlier = replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
         if earlier is not None:
             return earlier
     checked = _checked(
@@ -231,7 +231,7 @@ def _create(
         storage.delete(file_key)
         if not key:
             raise
-        earlier = _replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
+        earlier = replayed(session=session, org_id=org_id, key=key, digest=trigger.body_hash)
         if earlier is None:  # the same key, created concurrently, is the only conflict
             raise
         return earlier

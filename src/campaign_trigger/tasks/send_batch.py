@@ -5,7 +5,9 @@ Creating goes through the API's own use case (``services.requests.create_request
 the same checks in the same order, the same texts, the same request. The flow acts
 for the campaign's organisation and takes one unit of its quota, as an API call does
 (``services.quota``). It first makes sure the Prefect server it talks to carries the
-``deliver-request`` deployment: a call that cannot be delivered stores nothing.
+``deliver-request`` deployment: a call that cannot be delivered stores nothing. A run
+of a call that already stored its request (a retry) finds it before either: it is
+neither refused nor charged.
 """
 
 from __future__ import annotations
@@ -120,6 +122,25 @@ def _create(
     return Accepted(request_id=created, org_id=org_id, campaign_id=campaign_id, message_count=count)
 
 
+def _earlier(campaign_id: str, idempotency: tuple[str, str]) -> Accepted | None:
+    """The request an earlier run of this call made, found before the deployment check
+    and the quota: a retry of a stored batch is neither refused nor charged (a refusal
+    would say nothing was scheduled, and the batch would be sent again)."""
+    key, digest = idempotency
+    with session_scope() as session:
+        org_id = requests.campaign_owner(session=session, campaign_id=campaign_id)
+        request_id = requests.replayed(session=session, org_id=org_id, key=key, digest=digest)
+        request = session.get(Request, request_id) if request_id is not None else None
+        if request is None:
+            return None
+        return Accepted(
+            request_id=request.id,
+            org_id=org_id,
+            campaign_id=campaign_id,
+            message_count=request.message_count,
+        )
+
+
 def _idempotency_key() -> str | None:
     """What names this call of send-batch across its runs: a retried or re-run flow run
     finds its request instead of making a second one.
@@ -149,9 +170,11 @@ def create_request(
     fingerprint: object,
 ) -> Accepted:
     """Check and store the batch as a request of the campaign's organisation."""
-    run_coro_as_sync(_check_delivery_is_deployed())
     key = _idempotency_key()
     idempotency = (key, body_hash(fingerprint)) if key else None
+    if idempotency is not None and (earlier := _earlier(campaign_id, idempotency)) is not None:
+        return earlier
+    run_coro_as_sync(_check_delivery_is_deployed())
     return _create(
         campaign_id=campaign_id,
         send_at=send_at,
