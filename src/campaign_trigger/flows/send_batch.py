@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import Annotated
 
 from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -192,8 +193,10 @@ def _name_and_tag_run(accepted: steps.Accepted) -> None:
 def send_batch(
     batch: SendBatchInput,
     wait: bool = False,
-    wait_timeout_seconds: float = Field(
-        default=3600, gt=0, description="With wait: give up waiting for the report after this."
+    # The bound in the annotation: Prefect's schema and validation take a Field() default's
+    # default and description only (0 and negatives were accepted).
+    wait_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=3600, description="With wait: give up waiting for the report after this."
     ),
     dry_run: bool = Field(
         default=False,
