@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import AsyncIterator
+from contextlib import ExitStack, asynccontextmanager
 from datetime import datetime
 from os import PathLike
 from types import TracebackType
@@ -12,6 +13,7 @@ import httpx
 
 from campaign_trigger.client import calls
 from campaign_trigger.client.calls import DEFAULT_BASE_URL, DEFAULT_TIMEOUT, MessagesArg
+from campaign_trigger.client.errors import error_for
 from campaign_trigger.client.models import CreatedRequest, Report, RequestInfo, ScheduledPage
 from campaign_trigger.schemas.preview import TriggerPreview
 
@@ -140,3 +142,17 @@ class AsyncTriggerClient:
         """The report links of a processed request."""
         call = calls.Call("GET", "/api/campaigns/report", {"params": {"request_id": request_id}})
         return Report.model_validate((await self._send(call)).json())
+
+    @asynccontextmanager
+    async def download(self, link: str) -> AsyncIterator[httpx.Response]:
+        """Stream one report file (``response.aiter_lines()``); links need no token."""
+        request = self._http.build_request("GET", link)
+        request.headers.pop("Authorization", None)  # the link is its own credential
+        response = await self._http.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise error_for(response)
+            yield response
+        finally:
+            await response.aclose()

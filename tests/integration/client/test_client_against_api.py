@@ -299,6 +299,10 @@ async def test_the_async_client_sends_lists_cancels_and_reports(
         else:
             pytest.fail("the request was not processed in 90 s")
         assert len(report.reports) == 1
+        async with api.download(report.reports[0]) as response:
+            rows = list(csv.reader([line async for line in response.aiter_lines()]))
+        assert rows[0] == REPORT_HEADER
+        assert sorted(row[2] for row in rows[1:]) == sorted(tenant.users)
         await api.sign_out()
 
 

@@ -223,6 +223,27 @@ def test_download_does_not_send_the_token() -> None:
     assert "authorization" not in server.requests[0].headers
 
 
+async def test_the_async_download_does_not_send_the_token() -> None:
+    server = Recorder(httpx.Response(200, text="app_id,campaign_id\nx,y\n"))
+    transport = httpx.MockTransport(server)
+    async with (
+        AsyncTriggerClient("http://api", token="Bearer t", transport=transport) as api,
+        api.download("http://files/reports/r1/a.csv?sig=1") as response,
+    ):
+        lines = [line async for line in response.aiter_lines()]
+    assert lines == ["app_id,campaign_id", "x,y"]
+    assert "authorization" not in server.requests[0].headers
+    assert api.token == "Bearer t"  # still sent to the API
+
+
+async def test_an_async_download_refused_raises_with_the_answer() -> None:
+    server = Recorder(httpx.Response(403, json={"error_message": "Link expired"}))
+    async with AsyncTriggerClient("http://api", transport=httpx.MockTransport(server)) as api:
+        with pytest.raises(ForbiddenError, match="Link expired"):
+            async with api.download("http://files/reports/r1/a.csv?sig=1"):
+                pytest.fail("a refused download yields nothing")
+
+
 async def test_the_async_client_makes_the_same_calls(tmp_path: Path) -> None:
     csv_file = tmp_path / "batch.csv"
     csv_file.write_text("User\nu1\n", encoding="utf-8")
