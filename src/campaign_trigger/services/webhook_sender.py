@@ -259,7 +259,12 @@ async def run_sender(
 ) -> None:
     """Send due events, ``webhook_concurrency`` at a time, until ``stop``."""
     in_flight: set[asyncio.Task[None]] = set()
-    async with httpx.AsyncClient(transport=transport, follow_redirects=False) as client:
+    # httpx's own limits (5 s each by default) would cut off a receiver that answers in
+    # the documented time: each follows the setting, which also bounds the whole POST.
+    timeout = httpx.Timeout(settings.webhook_timeout_seconds)
+    async with httpx.AsyncClient(
+        transport=transport, follow_redirects=False, timeout=timeout
+    ) as client:
         try:
             purged_at = -PURGE_EVERY_SECONDS
             while not stop.is_set():

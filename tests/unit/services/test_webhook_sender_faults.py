@@ -41,12 +41,14 @@ SECRET_KEY = "webhook-sender-faults-" + "k" * 32
 
 class Receiver:
     """An HTTP receiver of events on a free port: the event ids it was POSTed, in order.
-    While ``hold`` is clear it holds every POST without an answer."""
+    While ``hold`` is clear it holds every POST without an answer; each answer comes
+    ``delay`` seconds after its POST."""
 
     def __init__(self) -> None:
         self.ids: list[str] = []
         self.hold = threading.Event()
         self.hold.set()
+        self.delay = 0.0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +56,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.ids.append(json.loads(body)["id"])
                 receiver.hold.wait(60)
+                time.sleep(receiver.delay)
                 self.send_response(204)
                 self.end_headers()
 
@@ -151,6 +154,28 @@ def test_two_senders_on_one_outbox_post_each_event_once(
     # one answered attempt an event (one that failed before reaching the receiver, were
     # the machine too busy, is retried: it was not received, so it is not a second copy)
     assert len([a for a in attempts if a.status_code == 204]) == events
+
+
+def test_a_receiver_answering_within_the_webhook_timeout_gets_the_event_once(
+    session: Session, sender_settings: Settings, org: Org, database: str, receiver: Receiver
+) -> None:
+    """The POST may take ``webhook_timeout_seconds``, not httpx's default 5 s: an answer
+    after 5.5 s delivers the event (it was a ReadTimeout, the event POSTed again later)."""
+    settings = sender_settings.model_copy(update={"webhook_timeout_seconds": 8.0})
+    _events(session, settings, org, receiver.url, 1)
+    [delivery] = session.exec(select(WebhookDelivery)).all()
+    receiver.delay = 5.5
+
+    def attempted() -> bool:
+        session.expire_all()
+        return session.exec(select(WebhookAttempt)).first() is not None
+
+    asyncio.run(_drain(settings, database, senders=1, until=attempted))
+    attempts = session.exec(select(WebhookAttempt)).all()
+    assert [(a.status_code, a.error) for a in attempts] == [(204, None)]
+    assert attempts[0].duration_ms >= 5500
+    assert _delivered(session) == 1
+    assert receiver.ids == [delivery.event_id]
 
 
 # The sender of a worker process, alone in a process of its own; the lease it takes is the
