@@ -27,8 +27,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import update
+from sqlalchemy import exists, update
+from sqlalchemy.orm import aliased
 from sqlmodel import col, select
+from sqlmodel.sql.expression import Select
 
 from campaign_trigger import __version__
 from campaign_trigger.client.webhooks import SIGNATURE_HEADER, signature_header
@@ -80,17 +82,37 @@ def event_body(settings: Settings, delivery: WebhookDelivery) -> bytes:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def due_events(*, now: datetime, limit: int) -> Select[int | None, datetime | None]:
+    """The ids (and due times) of up to ``limit`` events due at ``now``, soonest first.
+
+    An event waits while an earlier one of its request for its endpoint is still to be
+    delivered or tried (leased, or in backoff): a failed request retried in the Prefect UI
+    queues request.processed after request.failed, and they must arrive in that order.
+    ``ix_webhookdelivery_waiting`` finds those earlier events."""
+    earlier = aliased(WebhookDelivery)
+    earlier_waiting = (
+        select(earlier.id)
+        .where(col(earlier.request_id) == col(WebhookDelivery.request_id))
+        .where(col(earlier.endpoint_id) == col(WebhookDelivery.endpoint_id))
+        .where(col(earlier.id) < col(WebhookDelivery.id))
+        .where(col(earlier.next_attempt_at).is_not(None))
+    )
+    return (
+        select(col(WebhookDelivery.id), col(WebhookDelivery.next_attempt_at))
+        .where(col(WebhookDelivery.next_attempt_at) <= now)
+        .where(~exists(earlier_waiting))
+        .order_by(col(WebhookDelivery.next_attempt_at))
+        .limit(limit)
+    )
+
+
 def claim_due(*, sessions: Sessions, settings: Settings, limit: int) -> list[Job]:
-    """Lease up to ``limit`` due events (no other sender takes them meanwhile)."""
+    """Lease up to ``limit`` due events (no other sender takes them meanwhile), each only
+    once the events queued before it for its request and endpoint are settled."""
     now = utcnow()
     lease = now + timedelta(seconds=settings.webhook_timeout_seconds + LEASE_MARGIN_SECONDS)
     with sessions() as session:
-        due = session.exec(
-            select(WebhookDelivery.id, WebhookDelivery.next_attempt_at)
-            .where(col(WebhookDelivery.next_attempt_at) <= now)
-            .order_by(col(WebhookDelivery.next_attempt_at))
-            .limit(limit)
-        ).all()
+        due = session.exec(due_events(now=now, limit=limit)).all()
         if not due:  # most rounds: nothing to lease, so no second read and no commit here
             return []
         claimed: list[int] = []

@@ -418,11 +418,20 @@ class WebhookEndpoint(SQLModel, table=True):
 class WebhookDelivery(SQLModel, table=True):
     """One event for one endpoint: the webhooks' outbox, written in the transaction that
     gives the request its final state; the sender takes the due rows (``next_attempt_at``)
-    until one attempt is accepted or the retry window closes."""
+    until one attempt is accepted or the retry window closes, each after the events queued
+    before it for its request and endpoint (``ix_webhookdelivery_waiting`` finds those still
+    to be tried, migration 0009)."""
 
     __table_args__ = (
         UniqueConstraint("endpoint_id", "event_id"),
         Index("ix_webhookdelivery_due", "next_attempt_at"),
+        Index(
+            "ix_webhookdelivery_waiting",
+            "request_id",
+            "endpoint_id",
+            postgresql_where=text("next_attempt_at IS NOT NULL"),
+            sqlite_where=text("next_attempt_at IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +18,16 @@ from campaign_trigger.errors import InvalidInput
 from campaign_trigger.services import lifecycle, reports, webhooks
 from campaign_trigger.services.request_states import set_state
 from campaign_trigger.services.sealed import unseal
-from campaign_trigger.services.webhook_sender import Job, attempt, record_attempt, retry_delay
+from campaign_trigger.services.webhook_sender import (
+    Job,
+    attempt,
+    claim_due,
+    due_events,
+    record_attempt,
+    retry_delay,
+)
+from campaign_trigger.store.db import engine_for
+from campaign_trigger.store.migrate import upgrade
 from campaign_trigger.store.models import (
     Channel,
     Outcome,
@@ -284,6 +294,98 @@ def test_a_failed_attempt_is_recorded_and_retried_until_the_window_closes(
     session.commit()
     assert session.exec(select(WebhookAttempt)).all() == []
     assert _deliveries(session, request_id) == []
+
+
+def _check_later_event_waits(
+    session: Session, settings: Settings, org: Org, *, failed_ends: str
+) -> None:
+    """A failed request retried in the Prefect UI ends processed: request.processed is
+    not sent while request.failed, queued before it, is in backoff (it arrived first, and
+    the stale failure last); other requests' events are not held back."""
+    webhooks.register(session=session, settings=settings, org_id=org.org_id, url="https://e.com")
+    request_id, other_id = add_json_request(session, org), add_json_request(session, org)
+    assert set_state(session=session, request_id=request_id, state=RequestState.failed)
+    session.commit()
+    [failed] = _deliveries(session, request_id)
+    assert failed.id is not None
+
+    @contextmanager
+    def sessions() -> Iterator[Session]:
+        with Session(session.get_bind(), expire_on_commit=False) as own:
+            yield own
+            own.commit()
+
+    def claimed() -> list[int]:
+        jobs = claim_due(sessions=sessions, settings=settings, limit=16)
+        return [job.delivery_id for job in jobs]
+
+    def answer(error: str | None, *, window: float = 3600) -> None:
+        assert failed.id is not None
+        record_attempt(
+            sessions=sessions,
+            settings=settings.model_copy(update={"webhook_retry_window_seconds": window}),
+            delivery_id=failed.id,
+            attempted_at=datetime.now(UTC),
+            status_code=None if error else 200,
+            error=error,
+            duration_ms=5,
+        )
+
+    assert claimed() == [failed.id]
+    answer("HTTP 503")  # in backoff
+    assert set_state(session=session, request_id=request_id, state=RequestState.running)
+    reports.mark_processed(session=session, request_id=request_id, report_paths=[])
+    set_state(session=session, request_id=other_id, state=RequestState.failed)
+    session.commit()
+    processed = next(d for d in _deliveries(session, request_id) if d.id != failed.id)
+    [other] = _deliveries(session, other_id)
+    assert processed.event_type == "request.processed"
+    assert claimed() == [other.id]  # not request.processed: request.failed is still to go
+
+    session.refresh(failed)
+    failed.next_attempt_at = datetime.now(UTC) - timedelta(seconds=1)  # its retry comes due
+    session.add(failed)
+    session.commit()
+    assert claimed() == [failed.id]  # both due: the earlier alone
+    assert claimed() == []  # leased: the later still waits
+    if failed_ends == "delivered":
+        answer(None)
+    else:
+        answer("HTTP 503", window=0)  # past its window
+    session.refresh(failed)
+    assert failed.next_attempt_at is None
+    assert claimed() == [processed.id]
+
+
+@pytest.mark.parametrize("failed_ends", ["delivered", "given up"])
+def test_a_requests_later_event_waits_for_its_earlier_one_to_settle(
+    session: Session, settings: Settings, org: Org, failed_ends: str
+) -> None:
+    _check_later_event_waits(session, settings, org, failed_ends=failed_ends)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("failed_ends", ["delivered", "given up"])
+def test_a_requests_later_event_waits_for_its_earlier_one_on_postgres(
+    postgres_url: str, settings: Settings, failed_ends: str
+) -> None:
+    upgrade(postgres_url)
+    with Session(engine_for(postgres_url), expire_on_commit=False) as session:
+        _check_later_event_waits(session, settings, make_org(session), failed_ends=failed_ends)
+
+
+def test_the_claim_finds_earlier_events_by_the_index_of_those_waiting(tmp_path: Path) -> None:
+    """Not by reading every event of the endpoint for each due one (SQLite did)."""
+    url = f"sqlite:///{tmp_path / 'plan.sqlite'}"
+    upgrade(url)
+    statement = due_events(now=datetime.now(UTC), limit=16).compile(engine_for(url))
+    with engine_for(url).connect() as connection:
+        plan = connection.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {statement}", (None,) * len(statement.positiontup or [])
+        ).all()
+    details = [row[-1] for row in plan]
+    assert any("ix_webhookdelivery_due" in detail for detail in details), details
+    assert any("ix_webhookdelivery_waiting" in detail for detail in details), details
 
 
 def test_settled_events_are_forgotten_after_the_retention_period(
