@@ -114,7 +114,9 @@ def _write_app_report(
         .order_by(col(Outcome.row_no), col(Outcome.device_id))
         .execution_options(yield_per=_FETCH)
     )
-    with storage.open(key, "wb") as raw:
+    # Not rewritten in place: a retried or taken-over run, or the settle sweep, writes a
+    # report again while its link may be downloading it.
+    with storage.replace(key) as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         text.write(",".join(COLUMNS) + "\n")
         for batch in result.partitions(_FETCH):

@@ -4,11 +4,16 @@ Paths handed around are *keys* relative to the storage root: ``uploads/<request_
 (a CSV as uploaded), ``messages/<request_id>.arrow`` (every request's messages, parsed
 once) and ``reports/<request_id>/<app_id>.csv``. In a local folder, files are created
 0600 and folders 0700 (they hold users' messages and delivery reports); object stores
-keep their own access rules.
+keep their own access rules. A file that may be read while it is written again (a
+report, whose link may be downloading it) is written with :meth:`Storage.replace`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Final
@@ -59,6 +64,31 @@ class Storage:
             else:
                 self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         return self.fs.open(path, mode, **kwargs)  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def replace(self, key: str) -> Iterator[IO[Any]]:
+        """Write ``key`` anew, whole or not at all: into a temporary key beside it, which
+        then takes its place in one step. A reader of the old file (a report link being
+        downloaded) reads it to its end, and a write that fails leaves it as it was.
+
+        Locally ``os.replace``; elsewhere the store's move (an object store's copy shows the
+        new object at once, then deletes the temporary one). A temporary key left by a
+        process that died is its request's file still, deleted with it (housekeeping)."""
+        folder, _, name = key.rpartition("/")
+        temporary = f"{folder}/" if folder else ""
+        temporary += f".{name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with self.open(temporary, "wb") as handle:
+                yield handle
+            local, local_temporary = self.local_path(key), self.local_path(temporary)
+            if local is not None and local_temporary is not None:
+                os.replace(local_temporary, local)
+            else:
+                self.fs.mv(self.path(temporary), self.path(key))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.delete(temporary)
+            raise
 
     def make_root(self) -> None:
         """Create a local root folder (0700) if it is missing; other stores need none."""

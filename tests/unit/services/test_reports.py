@@ -115,6 +115,64 @@ def test_report_cells_and_times(
     assert summary.per_app[org.app_id] == {"": 9, "FPErrPushFailed": 3}
 
 
+def test_a_download_under_way_reads_the_whole_old_report_while_it_is_written_again(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    """The settle sweep, or a run retried or taken over after its report, writes it again
+    while its link may be streaming it: the download gets the old file whole."""
+    request_id = create_request(
+        session=session,
+        settings=settings,
+        storage=storage,
+        org_id=org.org_id,
+        request_id=f"r-{org.org_id}",
+        trigger=TriggerInput(
+            campaign_id=org.campaign_id,
+            messages=[{"user_id": "u", "template_variables": {"first_name": "N", "code": "C"}}],
+        ),
+    )
+
+    def outcomes(first: int, error: str) -> None:
+        session.add_all(
+            Outcome(
+                request_id=request_id,
+                row_no=n,
+                app_id=org.app_id,
+                user_id=f"u{n}",
+                channel=Channel.push,
+                error_message=error,
+            )
+            for n in range(first, first + 2000)
+        )
+        session.commit()
+
+    def write() -> str:
+        [key] = write_reports(
+            session=session,
+            settings=settings,
+            request_id=request_id,
+            campaign_id=org.campaign_id,
+            app_ids=[org.app_id],
+        ).report_paths
+        return key
+
+    outcomes(0, "In progress")
+    key = write()
+    with storage.open(key, "rb") as old:
+        expected = old.read()
+    with storage.open(key, "rb") as download:
+        start = download.read(100)
+        outcomes(2000, "")  # the report written again, longer, as the download goes on
+        assert write() == key
+        rest = download.read()
+    assert start + rest == expected
+    with storage.open(key, "rb") as new:
+        assert new.read().count(b"\n") == 4001  # the header and every row
+    local = storage.local_path(key)
+    assert local is not None
+    assert [p.name for p in Path(local).parent.iterdir()] == [Path(local).name]
+
+
 def test_the_columns_are_the_spec_s() -> None:
     assert ",".join(COLUMNS) == (
         "app_id,campaign_id,user_id,device_id,sent_at,request_id,channel,error_message"
