@@ -152,7 +152,8 @@ def create_campaign(
 
 
 def _check_channel(channel: Channel, content: CampaignContent) -> None:
-    """In-app messages take the data, image and TTL of a campaign, not the push options."""
+    """In-app messages take the data, image and TTL (1 s or more) of a campaign, not the
+    push options."""
     if channel != Channel.inapp:
         return
     pushed = [
@@ -168,6 +169,11 @@ def _check_channel(channel: Channel, content: CampaignContent) -> None:
         raise AdminError(
             f"An in-app campaign has no {', '.join(pushed)}: those are push options "
             "(in-app messages take --data, --image and --ttl)"
+        )
+    if content.ttl_seconds == 0:  # an inbox entry expiring as it is published: never shown
+        raise AdminError(
+            "An in-app campaign's TTL must be at least 1 second: "
+            "its messages expire as they are published (none would be shown)"
         )
 
 

@@ -144,3 +144,46 @@ def test_an_inapp_campaign_takes_data_image_and_ttl_but_no_push_options(
         admin.update_campaign(
             session=session, campaign_id=campaign.id, changes={"sound": "a.caf", "badge": 1}
         )
+
+
+def test_an_inapp_campaign_with_a_ttl_of_0_is_refused(
+    session: Session, org: tuple[str, str]
+) -> None:
+    """Its inbox entries would expire as they are published: never shown, reported sent."""
+    name, app_id = org
+    with pytest.raises(AdminError) as refused:
+        admin.create_campaign(
+            session=session,
+            org_name=name,
+            app_ids=[app_id],
+            channel="inapp",
+            title="t",
+            body="",
+            options={"ttl_seconds": 0},
+        )
+    assert refused.value.message == (
+        "An in-app campaign's TTL must be at least 1 second: "
+        "its messages expire as they are published (none would be shown)"
+    )
+    campaign = admin.create_campaign(
+        session=session,
+        org_name=name,
+        app_ids=[app_id],
+        channel="inapp",
+        title="t",
+        body="",
+        options={"ttl_seconds": 1},
+    )
+    with pytest.raises(AdminError, match="at least 1 second"):
+        admin.update_campaign(session=session, campaign_id=campaign.id, changes={"ttl_seconds": 0})
+    assert campaign.ttl_seconds == 1
+    pushed = admin.create_campaign(  # a push's TTL 0 is one attempt, now or never
+        session=session,
+        org_name=name,
+        app_ids=[app_id],
+        channel="push",
+        title="t",
+        body="",
+        options={"ttl_seconds": 0},
+    )
+    assert pushed.ttl_seconds == 0
