@@ -5,6 +5,7 @@ worker's log names the provider's URL and the error for the app and chunk, and t
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,5 @@ def test_an_unreachable_provider_is_logged_and_shown_by_health(
     assert health["status"] == "degraded"
     assert health["database"] == "ok"
     for name in ("fcm", "apns"):
-        assert health["providers"][name]["status"] == "unreachable", health
-        assert health["providers"][name]["url"] == nowhere
-        assert "Connection refused" in health["providers"][name]["error"]
+        assert health["providers"][name] == {"status": "unreachable"}, health
+    assert nowhere not in json.dumps(health)  # where and why: the API's log, not its answer
