@@ -90,7 +90,8 @@ def test_a_parent_flow_calling_send_batch_twice_stores_two_requests(
         return [send_batch(batch).request_id, send_batch(batch).request_id]
 
     first, second = twice()
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert first != second
     assert sorted(stored_requests(tenant.campaign_id)) == sorted([first, second])
 
