@@ -2,7 +2,7 @@
 
 Revision ID: 0008_device_token_owner
 Revises: 0007_device_fillfactor
-Create Date: 2026-11-27 12:00:00.000000
+Create Date: 2026-12-03 14:40:00.000000
 
 An app deleted and reinstalled registers a new device id with the same APNs token; the
 old row, never told of an uninstall, still named its last user, so a message for that
