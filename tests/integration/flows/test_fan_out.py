@@ -414,13 +414,15 @@ async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_
                 started and state_name(share) == "COMPLETED"
             )
 
-        # Every share not ended at the cancel ends so, one at least Cancelled (one that was
-        # running shows Crashed for a moment: Prefect's engine, stopped, says so before
-        # the worker sets it Cancelled), well within Prefect's own 20 s.
+        # Every share not ended at the cancel ends so (one that was running shows Crashed
+        # for a moment: Prefect's engine, stopped, says so before the worker sets it
+        # Cancelled), well within Prefect's own 20 s. On a slow machine (CI, 3 Dec) the
+        # only share left was one in flight, which completed its chunk before the stop
+        # reached it: none Cancelled, and nothing sent after (below) all the same.
         deadline = time.monotonic() + 10
         while True:
             left = [s for s in await _shares_of(run) if s.id not in ended]
-            if all(map(stopped, left)) and any(state_name(s) == "CANCELLED" for s in left):
+            if left and all(map(stopped, left)):
                 break
             assert time.monotonic() < deadline, [(s.state, s.start_time) for s in left]
             await asyncio.sleep(0.2)
