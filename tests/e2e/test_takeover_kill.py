@@ -27,7 +27,6 @@ from delivery_support import (
     add_request,
     load_request,
     read_report,
-    read_run,
     seed_tenant,
     state_name,
     wait_for_state,
@@ -40,6 +39,7 @@ from e2e.takeover_support import (
     recorded_so_far,
     taken_over,
 )
+from support import ManagedProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -194,6 +194,13 @@ async def test_a_worker_killed_with_a_share_claimed_ahead_resends_at_most_the_me
     assert {state_name(s) for s in shares} == {"COMPLETED"}
 
 
+# Tries at catching a run in its 0.4 s between its start and its time: on a loaded machine
+# (CI, 3 Dec) the test saw it Running only as its time came, and killed it past the bell.
+AHEAD_TRIES = 3
+# The kill is sent at least this long before the bell (the test's clock, read just before).
+KILL_MARGIN = timedelta(seconds=0.1)
+
+
 async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothing(
     start_worker: WorkerFactory, sandbox: Sandbox
 ) -> None:
@@ -201,26 +208,33 @@ async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothi
     (audience, rendering, each provider's token and connection: FCM's, and APNs' through
     a request naming no device) then waits for the bell. SIGKILLed in that window, the
     worker sent nothing; another worker takes the run over and each device, an Android
-    phone and an iPhone per user, gets the message once."""
+    phone and an iPhone per user, gets the message once. A run seen Running too late to
+    kill before its time is left to its worker (each device gets it once), and another
+    request tried."""
     worker = start_worker()
     tenant = seed_tenant()
-    prefix = f"ahead-{uuid.uuid4().hex[:6]}"
-    users = [f"{prefix}-u{n}" for n in range(50)]
-    devices = [
-        DeviceSpec(app, f"{user}-{app}", user, f"{user}-{app}-tok")
-        for user in users
-        for app in (tenant.android, tenant.ios)
-    ]
-    tokens = [device.token for device in devices if device.token]
-    add_devices(devices)
-    send_at = datetime.now(UTC) + timedelta(seconds=8)
-    request_id = add_request(tenant, users, send_at=send_at)
-    notify_new_request(request_id)
-    while state_name(await read_run(request_id)) != "RUNNING":
-        assert datetime.now(UTC) < send_at, f"not started before its time:\n{worker.log_tail()}"
-        await asyncio.sleep(0.01)
-    worker.kill()
-    assert datetime.now(UTC) < send_at  # killed before the bell, its run started
+    for _ in range(AHEAD_TRIES):
+        prefix = f"ahead-{uuid.uuid4().hex[:6]}"
+        users = [f"{prefix}-u{n}" for n in range(50)]
+        devices = [
+            DeviceSpec(app, f"{user}-{app}", user, f"{user}-{app}-tok")
+            for user in users
+            for app in (tenant.android, tenant.ios)
+        ]
+        tokens = [device.token for device in devices if device.token]
+        add_devices(devices)
+        send_at = datetime.now(UTC) + timedelta(seconds=8)
+        request_id = add_request(tenant, users, send_at=send_at)
+        notify_new_request(request_id)
+        if await _killed_once_running(worker, request_id, send_at):
+            break
+        run = await wait_for_state(request_id, "COMPLETED", "FAILED", timeout=60)
+        assert state_name(run) == "COMPLETED", run.state
+        assert set(sandbox.delivered(tokens).values()) == {1}
+    else:
+        pytest.fail(
+            f"never Running {KILL_MARGIN.total_seconds()} s before its time in {AHEAD_TRIES} tries"
+        )
     await asyncio.sleep((send_at - datetime.now(UTC)).total_seconds() + 2)
     assert set(sandbox.delivered(tokens).values()) == {0}  # nothing went
     start_worker()
@@ -231,6 +245,22 @@ async def test_a_worker_killed_after_starting_a_run_ahead_of_its_time_sent_nothi
         report = read_report(request_id)[app]
         assert sorted(r["user_id"] for r in report) == sorted(users)
         assert all(datetime.fromisoformat(r["sent_at"]) >= send_at for r in report)
+
+
+async def _killed_once_running(worker: ManagedProcess, request_id: str, send_at: datetime) -> bool:
+    """SIGKILL ``worker`` as soon as the request's run is seen Running, if that is at least
+    ``KILL_MARGIN`` before ``send_at``; whether it was killed."""
+    run = await wait_for_state(request_id, "SCHEDULED", "PENDING", "RUNNING", timeout=10)
+    async with get_client() as client:  # one client: a look is one request
+        async with asyncio.timeout(30):
+            while not (state := (await client.read_flow_run(run.id)).state) or not (
+                state.is_running() or state.is_final()
+            ):
+                await asyncio.sleep(0.01)
+    if state.is_final() or datetime.now(UTC) >= send_at - KILL_MARGIN:
+        return False
+    worker.kill()
+    return True
 
 
 async def test_a_run_cancelled_after_its_worker_was_killed_is_ended_by_another(

@@ -377,15 +377,17 @@ async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_
     # every 20 s) and the worker, its slots freed by the cancel, claimed it and sent its
     # chunks: a cancelled request went on being delivered. A share cancelled on its own
     # marked the request cancelled, and its run went on and sent that share's chunks too.
-    # 24 chunks of 2, each at least 0.5 s: seconds of them left when a share is found
-    # running, so the cancel lands before the request's end. With 12, on a slow machine
-    # (CI, 2 Dec) the request had sent its last chunk and completed first.
+    # 24 chunks of 2, each at least 1 s, two at a time: 12 s of them, more than the cancel
+    # watch's 10 s between looks when no event wakes it (a Cancelling event may reach the
+    # worker before the server shows the state), so the cancel lands before the request's
+    # end. With 12 chunks, and with 24 of 0.5 s, on a slow machine (CI, 2 and 3 Dec) the
+    # request had sent its last chunk and completed first.
     tenant = seed_tenant()
     audience = bulk_audience(tenant, users=48, prefix=f"stop-{uuid.uuid4().hex[:6]}")
     audience.devices = [d for d in audience.devices if d.app_id == tenant.android]
     add_devices(audience.devices)
     tokens = [d.token for d in audience.devices]
-    sandbox_state.configure(latency_ms=500)  # each chunk of 2 lasts at least 0.5 s
+    sandbox_state.configure(latency_ms=1000)  # each chunk of 2 lasts at least 1 s
     try:
         request_id = add_request(tenant, audience.users, send_at=datetime.now(UTC), chunk_size=2)
         await drain()
@@ -426,7 +428,7 @@ async def test_a_request_cancelled_while_running_sends_nothing_more_through_its_
                 break
             assert time.monotonic() < deadline, [(s.state, s.start_time) for s in left]
             await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)  # the answers of messages in flight at the stop land
+        await asyncio.sleep(1.5)  # the answers of messages in flight at the stop land
         sent = sandbox_stats(sandbox_url)["per_token"]
         await asyncio.sleep(3.0)  # a share left scheduled would be found due and claimed
         again = sandbox_stats(sandbox_url)["per_token"]
@@ -482,7 +484,7 @@ async def test_a_share_running_as_its_request_is_cancelled_starts_no_further_chu
             async with asyncio.timeout(10):
                 while not _ended(share := await client.read_flow_run(share.id)):
                     await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)  # the answers of messages in flight at the stop land
+        await asyncio.sleep(1.5)  # the answers of messages in flight at the stop land
         sent = sandbox_stats(sandbox_url)["per_token"]
         await asyncio.sleep(2.0)
         again = sandbox_stats(sandbox_url)["per_token"]
