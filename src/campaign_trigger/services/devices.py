@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import func, literal, update
+from sqlalchemy import func, literal, text, update
 from sqlmodel import Session, col, select
 
 from campaign_trigger.errors import Conflict, Unauthenticated
@@ -94,8 +94,8 @@ def register_device(
 ) -> Registration:
     """Create a device (a new secret comes back), or update one: a known device needs its
     secret (Unauthenticated if wrong, Conflict if absent); an unclaimed one (imported,
-    no secret) needs its current push token. A NEW push token clears ``unregistered_at``;
-    the token is taken from any other device of the app (:func:`take_token`).
+    no secret) needs its current push token. A NEW push token clears ``unregistered_at``
+    and is taken from any other device of the app (:func:`take_token`).
     """
     now = datetime.now(UTC)
     device = _find_device(session=session, app_id=app_id, device_id=device_id)
@@ -114,8 +114,9 @@ def register_device(
         raise Conflict(DEVICE_TAKEN.format(device_id))
     if issued is not None:
         device.secret_hash = hash_device_secret(issued)
-    refresh(device, push_token=push_token if push_token is not None else device.push_token, now=now)
-    if device.push_token is not None:
+    held = device.push_token
+    refresh(device, push_token=push_token if push_token is not None else held, now=now)
+    if device.push_token is not None and device.push_token != held:  # a token new to it
         take_token(
             session=session,
             app_id=app_id,
@@ -138,7 +139,16 @@ def take_token(
     install that is gone (the app deleted and reinstalled: APNs gives the new install the
     same token) or that now reports under a new id; its last user may not be the
     phone's user any more, and a message for them must not reach the phone.
+
+    On PostgreSQL it first waits for any other transaction taking the same token of the
+    app to end: read committed, installs registering one token at once each found no
+    other holder (none had committed) and every one of them kept it.
     """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"device token {app_id} {push_token}"},
+        )
     session.execute(
         update(Device)
         .where(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
+from pathlib import Path
 
+import pytest
 from sqlmodel import Session, select
 
 from campaign_trigger.services.audience import APP_UNINSTALLED, AppTarget, resolve_targets
 from campaign_trigger.services.devices import log_in, register_device
+from campaign_trigger.store.db import engine_for
+from campaign_trigger.store.migrate import upgrade
 from campaign_trigger.store.models import App, Channel, Device, Platform
-from service_support import Org
+from service_support import Org, make_org
 
 
 def _register(session: Session, app_id: str, device_id: str, token: str, user_id: str) -> None:
@@ -82,3 +87,49 @@ def test_a_device_registering_its_own_token_again_keeps_it(session: Session, org
     )
     session.commit()
     assert (again.device.push_token, again.device.uninstalled_at) == ("t", None)
+
+
+def _installs_racing(url: str, installs: int) -> list[str]:
+    """``installs`` new device ids of one app register the same token at once (each in its
+    own transaction); the ids holding it afterwards."""
+    upgrade(url)
+    with Session(engine_for(url)) as session:
+        app_id = make_org(session).app_id
+    barrier = threading.Barrier(installs)
+    failures: list[BaseException] = []
+
+    def install(n: int) -> None:
+        with Session(engine_for(url)) as session:
+            barrier.wait()
+            try:
+                register_device(session=session, app_id=app_id, device_id=f"d{n}", push_token="t")
+                session.commit()
+            except Exception as exc:  # reported below
+                failures.append(exc)
+
+    threads = [threading.Thread(target=install, args=(n,)) for n in range(installs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    with Session(engine_for(url)) as session:
+        holders = session.exec(
+            select(Device.device_id).where(Device.app_id == app_id, Device.push_token == "t")
+        ).all()
+        registered = session.exec(select(Device).where(Device.app_id == app_id)).all()
+    assert len(registered) == installs
+    return list(holders)
+
+
+def test_installs_registering_one_token_at_once_leave_it_to_one_on_sqlite(tmp_path: Path) -> None:
+    assert len(_installs_racing(f"sqlite:///{tmp_path / 'race.db'}", installs=8)) == 1
+
+
+@pytest.mark.postgres
+def test_installs_registering_one_token_at_once_leave_it_to_one_on_postgresql(
+    postgres_url: str,
+) -> None:
+    # Read committed: each one's take found no other holder yet (the others' rows were
+    # not committed), and every one of them kept the token.
+    assert len(_installs_racing(postgres_url, installs=8)) == 1
