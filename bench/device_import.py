@@ -2,13 +2,14 @@
 
 For each database (a fresh SQLite file; a throwaway database on the local PostgreSQL,
 skipped with a notice when none answers): a CSV of N devices (64-character tokens) is
-imported three times through the service the command calls — into an empty app
+imported four times through the service the command calls — into an empty app
 (inserts), then again as it is (every device known and unchanged: nothing to write), then
-with every push token new (every row rewritten) — and the same rows are loaded bare, as a reference
-measured in the same run: ``sqlite3.executemany`` of a plain ``INSERT`` of prebuilt
-tuples, or ``COPY`` of the prebuilt CSV straight into the device table. Prints wall
-and CPU seconds, the ratio to the bare load, and the verdict against issue 14's target
-(≤ 15 s for 1 M devices on each database).
+with every push token new (every row rewritten), then with every token moved to the next
+device of the file (each taken from the device that held it) — and the same rows are
+loaded bare, as a reference measured in the same run: ``sqlite3.executemany`` of a plain
+``INSERT`` of prebuilt tuples, or ``COPY`` of the prebuilt CSV straight into the device
+table. Prints wall and CPU seconds, the ratio to the bare load, and the verdict against
+issue 14's target (≤ 15 s for 1 M devices on each database).
 
 Usage: ``.venv/bin/python bench/device_import.py [-n 1000000] [--quick]``.
 """
@@ -159,9 +160,10 @@ def main() -> None:
     n = 200_000 if args.quick else args.n
     target = TARGET_SECONDS_PER_MILLION * n / 1_000_000
     work = Path(tempfile.mkdtemp(prefix="ct-bench-devices-"))
-    path, changed = work / "devices.csv", work / "changed.csv"
+    path, changed, moved = work / "devices.csv", work / "changed.csv", work / "moved.csv"
     write_file(path, n)
     write_file(changed, n, token_shift=n)
+    write_file(moved, n, token_shift=n + 1)  # device i gets the token device i + 1 had
     load = os.getloadavg()[0]
     print(
         f"import-devices: {n:,} devices, {path.stat().st_size / 1e6:.0f} MB; "
@@ -176,20 +178,32 @@ def main() -> None:
             through_service(url, app_id, path)
             unchanged = through_service(url, app_id, path)
             updated = through_service(url, app_id, changed)
+            shifted = through_service(url, app_id, moved)
             if name == "SQLite":
                 bare = bare_sqlite(work / "bench.db", new_app(url), path)
             else:
                 bare = bare_copy(url, new_app(url), path)
             engine_for(url).dispose()
-            phases = (("insert", inserted), ("unchanged", unchanged), ("update", updated))
+            phases = (
+                ("insert", inserted),
+                ("unchanged", unchanged),
+                ("update", updated),
+                ("moved", shifted),
+            )
             for label, figure in phases:
                 print(
                     f"  {name:10s} {label:9s}: {figure.wall:6.2f} s wall, {figure.cpu:6.2f} s CPU"
                     f" | bare load {bare.wall:6.2f} s wall | ratio {figure.wall / bare.wall:.2f}",
                     flush=True,
                 )
-            labels = ("new devices", "re-import, unchanged", "re-import, every token new")
-            for label, figure in zip(labels, (inserted, unchanged, updated), strict=True):
+            labels = (
+                "new devices",
+                "re-import, unchanged",
+                "re-import, every token new",
+                "re-import, every token moved to another device",
+            )
+            figures = (inserted, unchanged, updated, shifted)
+            for label, figure in zip(labels, figures, strict=True):
                 # fixed costs (imports, pyarrow's first calls) weigh on small files
                 result(
                     "device_import",
