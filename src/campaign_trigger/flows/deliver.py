@@ -132,6 +132,10 @@ async def _deliver_own_shares(plan: DeliveryPlan, chunks: Iterator[tuple[int, bo
 async def deliver_request(request_id: str) -> dict[str, int] | State[Any]:
     """Deliver a request: gate, wait for its send time, chunks, report."""
     plan = await prepare_delivery(request_id)
+    if plan.delivered_by is not None:  # a second run of the request (a "Custom run")
+        return Cancelled(
+            message=f"Not sent: the request is delivered by its run {plan.delivered_by}"
+        )
     if plan.canceled:
         return Cancelled(message="The request was cancelled before its start")
     # Chunks prepare (audience, rendering, connections) before send_at and wait for it

@@ -7,6 +7,12 @@ coming back after an outage must not send yesterday's batch: the run fails with
 request in the database (``scheduled`` -> ``running``) atomically against a
 cancel of a request still in the outbox; a processed request stays processed (a run of
 it after its report sends nothing and redoes the report).
+
+A request is delivered by one flow run: the claim records the run's id where the outbox
+has not (its drain created the run, then could not write its id: killed, or the database
+locked, and the run claimed the request before another drain, which skips a request
+no longer scheduled), and refuses a run of another id (a "Custom run" of the deployment
+for a request that has its own: both sent every message).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import func, or_, true, update
 from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
@@ -49,6 +55,7 @@ class DeliveryPlan:
     options: PushOptions = field(default_factory=PushOptions)
     recorded: set[int] = field(default_factory=set)
     canceled: bool = False
+    delivered_by: str | None = None  # the request's own run, when this run is not it
 
     def job(self, chunk_no: int) -> ChunkJob:
         return ChunkJob(
@@ -67,19 +74,28 @@ class DeliveryPlan:
         )
 
 
-def _claim(session: Session, request_id: str) -> bool:
+def _claim(session: Session, request_id: str, run_id: str | None) -> bool:
     """The request is running, unless cancelled (False) or processed: a run of it after its
     report (taken over, or retried) leaves it processed and redoes the report
-    (``request_states``)."""
+    (``request_states``). With ``run_id`` (the run claiming it), only if the request is
+    that run's or has none recorded yet, which it then records."""
+    ours = (
+        true()
+        if run_id is None
+        else or_(col(Request.flow_run_id).is_(None), col(Request.flow_run_id) == run_id)
+    )
+    values: dict[str, object] = {"state": RequestState.running}
+    if run_id is not None:
+        values["flow_run_id"] = func.coalesce(col(Request.flow_run_id), run_id)
     result = session.execute(
         update(Request)
-        .where(col(Request.id) == request_id)
+        .where(col(Request.id) == request_id, ours)
         .where(col(Request.state).not_in(request_states.SETTLED))
-        .values(state=RequestState.running)
+        .values(values)
     )
     if getattr(result, "rowcount", 0):
         return True
-    state = session.exec(select(Request.state).where(col(Request.id) == request_id)).first()
+    state = session.exec(select(Request.state).where(col(Request.id) == request_id, ours)).first()
     return state == RequestState.processed
 
 
@@ -144,14 +160,23 @@ def delivery_plan(*, session: Session, request: Request, campaign: Campaign) -> 
 
 
 def start_delivery(
-    *, session: Session, settings: Settings, request_id: str, now: datetime | None = None
+    *,
+    session: Session,
+    settings: Settings,
+    request_id: str,
+    run_id: str | None = None,
+    now: datetime | None = None,
 ) -> DeliveryPlan:
-    """Load, gate and claim the request; find its chunks already recorded.
+    """Load, gate and claim the request for the flow run ``run_id`` (None: any); find its
+    chunks already recorded.
 
     Commits: the claim (or the failure of a stale request) stands whatever follows.
     """
     plan = read_plan(session=session, request_id=request_id)
-    if plan.canceled or not _claim(session, request_id):
+    if plan.canceled or not _claim(session, request_id, run_id):
+        own = session.exec(select(Request.flow_run_id).where(col(Request.id) == request_id))
+        if run_id is not None and (owner := own.first()) not in (None, run_id):
+            plan.delivered_by = owner
         plan.canceled = True
         return plan
     lateness = ((now or datetime.now(UTC)) - plan.send_at).total_seconds()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from prefect import Task, get_run_logger, task
+from prefect import Task, get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.tasks import TaskRunNameCallbackWithParameters
@@ -69,15 +69,20 @@ RETRIES: dict[str, Any] = {
     **RETRIES,
 )
 async def prepare_delivery(request_id: str) -> DeliveryPlan:
-    """Gate and claim the request, find the chunks already recorded."""
+    """Gate and claim the request for this flow run, find the chunks already recorded."""
+    run_id = runtime.flow_run.get_id()
 
     def prepare() -> DeliveryPlan:
         with session_scope() as session:
             return delivery_run.start_delivery(
-                session=session, settings=get_settings(), request_id=request_id
+                session=session, settings=get_settings(), request_id=request_id, run_id=run_id
             )
 
     plan = await asyncio.to_thread(prepare)
+    if plan.delivered_by is not None:
+        why = f" - delivered by its own run {plan.delivered_by}, nothing to send"
+    else:
+        why = " - request cancelled, nothing to send" if plan.canceled else ""
     get_run_logger().info(
         "%d messages, %d apps, %d chunks of %d (%d already recorded)%s",
         plan.message_count,
@@ -85,7 +90,7 @@ async def prepare_delivery(request_id: str) -> DeliveryPlan:
         plan.chunk_count,
         plan.chunk_size,
         len(plan.recorded),
-        " - request cancelled, nothing to send" if plan.canceled else "",
+        why,
     )
     return plan
 

@@ -31,7 +31,15 @@ from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.files import Storage
-from campaign_trigger.store.models import App, Channel, Device, Outcome, Platform
+from campaign_trigger.store.models import (
+    App,
+    Channel,
+    Device,
+    Outcome,
+    Platform,
+    Request,
+    RequestState,
+)
 from service_support import Org
 from support import free_port
 
@@ -397,3 +405,45 @@ def test_sends_broken_off_are_told_without_the_text_of_their_error(
     assert "Code C0" not in told
     assert "t0" not in told
     assert "broke off (IntegrityError)" in told
+
+
+def test_a_run_claiming_a_request_records_itself_where_the_outbox_could_not(
+    session: Session, settings: Settings, storage: Storage, org: Org
+) -> None:
+    # The drain created the run, then could not write its id (killed, or the database
+    # locked); the run claimed the request before another drain, which skips a request no
+    # longer scheduled: its id was never recorded, and the request's report and cancel
+    # answered "not processed yet" and "can't be canceled" for good.
+    request_id = _request(session, settings, storage, org, 1)
+    plan = delivery_run.start_delivery(
+        session=session, settings=settings, request_id=request_id, run_id="run-a"
+    )
+    assert not plan.canceled
+    request = session.get(Request, request_id)
+    assert request is not None
+    session.refresh(request)
+    assert (request.state, request.flow_run_id) == (RequestState.running, "run-a")
+
+
+@pytest.mark.parametrize("state", [RequestState.scheduled, RequestState.processed])
+def test_a_second_run_of_a_request_that_has_its_own_sends_nothing(
+    session: Session, settings: Settings, storage: Storage, org: Org, state: RequestState
+) -> None:
+    # A "Custom run" of deliver-request started in the UI for a request whose own run is
+    # scheduled (or done): both claimed it, and each sent every message.
+    request_id = _request(session, settings, storage, org, 1)
+    request = session.get(Request, request_id)
+    assert request is not None
+    request.flow_run_id, request.state = "run-a", state
+    session.add(request)
+    session.commit()
+    plan = delivery_run.start_delivery(
+        session=session, settings=settings, request_id=request_id, run_id="run-b"
+    )
+    assert (plan.canceled, plan.delivered_by) == (True, "run-a")
+    session.refresh(request)
+    assert (request.state, request.flow_run_id) == (state, "run-a")
+    own = delivery_run.start_delivery(
+        session=session, settings=settings, request_id=request_id, run_id="run-a"
+    )
+    assert (own.canceled, own.delivered_by) == (False, None)
