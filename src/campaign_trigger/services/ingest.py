@@ -20,7 +20,7 @@ import queue
 import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 import pandera.pandas as pa
@@ -44,6 +44,35 @@ NO_ROWS = "Invalid file : no messages (the file has a header and no rows)"
 BLOCK_BYTES = 1 << 19
 CHECK_ROWS = 1 << 17
 MAX_HEADER_BYTES = 1 << 20
+
+
+class _NoBlockEndsInCR(io.RawIOBase):
+    """``raw`` as read by pyarrow's CSV reader, no read but the last ending in ``\r``.
+
+    Each read is a block of the reader, and pyarrow (26.0.1) read a quoted value's
+    ``\r\n`` as ``\r`` when the ``\r`` was a block's last byte: the message went
+    without its line break, and nothing said so. Such a ``\r`` is held for the next read.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self._held = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        while True:
+            want = -1 if size is None or size < 0 else max(size - len(self._held), 1)
+            block: bytes = self._raw.read(want)
+            data, self._held = self._held + block, b""
+            if not block:  # the end: what was held
+                return data
+            if data.endswith(b"\r"):
+                data, self._held = data[:-1], b"\r"
+            if data:
+                return data
 
 
 def read_header(storage: Storage, key: str) -> list[str]:
@@ -235,7 +264,7 @@ def ingest_message_file(
     try:
         with contextlib.ExitStack() as stack:
             # Not memory-mapped: a mapped file's pages would count in our RSS.
-            source = (
+            source = _NoBlockEndsInCR(
                 pyarrow.OSFile(local, "r")
                 if local is not None
                 else stack.enter_context(storage.open(upload_key, "rb"))

@@ -238,3 +238,16 @@ def test_any_text_a_csv_writer_quotes_is_read_back_exactly(
     assert _all_rows(storage, key, rows, 7) == [
         {USER_FIELD: f"u{n}", "a": a, "b": b} for n, (a, b) in enumerate(values)
     ]
+
+
+@pytest.mark.parametrize("block", [64, 1024])
+def test_a_line_break_in_a_value_split_by_a_block_end_is_kept(storage: Storage, block: int) -> None:
+    # pyarrow (26.0.1) read a quoted value's "\r\n" as "\r" when the "\r" was a block's
+    # last byte: the message arrived without its line break, and nothing said so.
+    header = b"User,code\n"
+    for at in range(block - 3, block + 3):  # the "\r"'s offset in the file
+        value = "a" * (at - len(header) - len('u1,"')) + "\r\nb"
+        content = header + f'u1,"{value}"\r\nu2,c\r\n'.encode()
+        assert content.index(b"\r") == at
+        rows, key = _ingest(storage, content, ["code"], chunk_size=10, block_bytes=block)
+        assert _all_rows(storage, key, rows, 10)[0]["code"] == value, at
