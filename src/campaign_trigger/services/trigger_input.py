@@ -142,6 +142,10 @@ def check_messages(value: object, *, variables: Sequence[str], cap: int) -> list
                 raise InvalidInput(
                     "Invalid messages : template variables must be valid Unicode text"
                 )
+            if isinstance(value, str) and "\x00" in value:  # as a CSV file's NUL byte
+                raise InvalidInput(
+                    "Invalid messages : template variables must not hold a NUL character"
+                )
         missing.update(name for name in variables if name not in variables_in)
         messages.append({"user_id": user_id, "template_variables": variables_in})
     if missing:

@@ -46,6 +46,8 @@ def test_json_values_that_cannot_be_text_are_refused_through_the_server(
     for variables, message in [
         ('{"first_name": 1e999, "code": "x"}', "must be strings or numbers"),
         ('{"first_name": "\\ud800", "code": "x"}', "must be valid Unicode text"),
+        # refused in a CSV file (a NUL byte), and PostgreSQL text (an inbox entry) refuses it
+        ('{"first_name": "a\\u0000b", "code": "x"}', "must not hold a NUL character"),
         ('{"first_name": NaN, "code": "x"}', "Malformed JSON body"),
     ]:
         body = (
