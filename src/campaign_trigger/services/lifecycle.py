@@ -281,7 +281,11 @@ async def scheduled_requests(
                             listed.append(r)
                     elif r.state == RequestState.scheduled:
                         # The mirror says scheduled, Prefect does not: correct the mirror.
-                        run = await prefect_runs.read_run(client, r.flow_run_id)
+                        try:
+                            run = await prefect_runs.read_run(client, r.flow_run_id)
+                        except ObjectNotFound:  # deleted in the UI: the mirror answers, as
+                            listed.append(r)  # the cancel's does (nothing will send it)
+                            continue
                         wanted_state = request_states.mirror_of(
                             run.state, has_reports=bool(r.report_paths)
                         )

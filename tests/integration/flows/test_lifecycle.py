@@ -16,7 +16,7 @@ from prefect import get_client
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.context import FlowRunContext
-from prefect.states import Cancelled, Cancelling, Crashed, Failed
+from prefect.states import Cancelled, Cancelling, Crashed, Failed, Running
 from sqlalchemy.engine import make_url
 from sqlmodel import select
 
@@ -233,6 +233,31 @@ async def test_a_cancel_of_a_scheduled_request_whose_run_was_deleted_cancels_it(
     assert queued_events(request_id) == ["request.cancelled"]
     with pytest.raises(RequestStateError, match="Request already canceled"):
         await cancel_request(org_id=tenant.org_id, request_id=request_id)
+
+
+async def test_the_scheduled_list_with_a_run_deleted_in_the_ui_still_reads_prefect(
+    deployed: ManagedProcess,
+) -> None:
+    """One request's run deleted in the Prefect UI, another's started: the list answers
+    from Prefect, the deleted one listed as the mirror has it (scheduled, and cancellable:
+    nothing will send it) and the started one left out. The deleted run's read failed the
+    whole list, which fell back to the mirror at every call: the started request listed as
+    scheduled, and never corrected."""
+    tenant = seed_tenant()
+    deleted = add_request(tenant, ["u1"], send_at=later(600))
+    started = add_request(tenant, ["u2"], send_at=later(601))
+    await drain()
+    async with get_client() as client:
+        await client.delete_flow_run(UUID(load_request(deleted).flow_run_id))
+        await client.set_flow_run_state(
+            UUID(load_request(started).flow_run_id), Running(), force=True
+        )
+    for _ in range(2):
+        listed, total = await scheduled_requests(
+            org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=10, offset=0
+        )
+        assert ([r.id for r in listed], total) == ([deleted], 1)
+    assert load_request(started).state == RequestState.running
 
 
 async def test_a_cancel_of_a_started_request_whose_run_was_deleted_is_refused(
