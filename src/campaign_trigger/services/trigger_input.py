@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from campaign_trigger.errors import InvalidInput
+from campaign_trigger.services.json_text import JsonFloat, JsonInt
 from campaign_trigger.services.uploads import StoredUpload
 
 NO_CAMPAIGN_ID = "You must provide a campaign identifier"
@@ -65,9 +66,22 @@ class TriggerInput:
 
 
 def body_hash(payload: object) -> str:
-    """A stable hash of a request body, for idempotency keys."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    """A stable hash of a request body, for idempotency keys: a number counts as written
+    (``2.00`` is not ``2.0``: each is delivered as written) where that differs from how
+    json writes it back (the hash of any other body as it always was)."""
+    text = json.dumps(_as_written(payload), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _as_written(value: object) -> object:
+    if isinstance(value, JsonFloat | JsonInt):
+        plain = float(value) if isinstance(value, JsonFloat) else int(value)
+        return value.text if json.dumps(plain) != value.text else plain
+    if isinstance(value, dict):
+        return {key: _as_written(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_written(item) for item in value]
+    return value
 
 
 def check_campaign_id(value: object) -> str:

@@ -3,6 +3,7 @@ stored, idempotency, the send-batch file path, and nothing left behind when refu
 
 from __future__ import annotations
 
+import hashlib
 import io
 from datetime import UTC, datetime, timedelta
 
@@ -11,9 +12,10 @@ from sqlmodel import Session, col, select
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, CampaignNotReady, Conflict, InvalidInput
+from campaign_trigger.services import json_text
 from campaign_trigger.services.message_file import USER_FIELD, read_chunk
 from campaign_trigger.services.requests import campaign_owner, create_request
-from campaign_trigger.services.trigger_input import TriggerInput
+from campaign_trigger.services.trigger_input import TriggerInput, body_hash
 from campaign_trigger.services.uploads import StoredUpload, copy_to_storage
 from campaign_trigger.store.files import Storage, messages_key, upload_key
 from campaign_trigger.store.models import CampaignState, MessageSource, Request, RequestMessage
@@ -209,3 +211,13 @@ def test_send_at_in_the_future_is_kept(
     request = session.get(Request, _create(session, settings, storage, org.org_id, trigger))
     assert request is not None
     assert request.send_at == later
+
+
+def test_a_body_hash_tells_numbers_apart_as_they_were_written() -> None:
+    # 2.00 and 2.0 (and -0 and 0) are delivered as written: under one Idempotency-Key the
+    # second body replayed the first request, whose messages say otherwise, not a 409.
+    bodies = ['{"v": 2.00, "w": -0}', '{"v": 2.0, "w": -0}', '{"v": 2.00, "w": 0}']
+    assert len({body_hash(json_text.loads(body)) for body in bodies}) == 3
+    # a number written as json writes it back hashes as it did before
+    plain = json_text.loads('{"w": 7, "v": 2.5}')
+    assert body_hash(plain) == hashlib.sha256(b'{"v":2.5,"w":7}').hexdigest()
