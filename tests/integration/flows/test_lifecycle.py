@@ -679,7 +679,7 @@ async def test_a_run_cancelled_in_the_ui_while_its_worker_waits_for_its_time_sen
         run = await wait_for_state(request_id, "PENDING", timeout=10)  # claimed, waiting
         async with get_client() as client:
             await client.set_flow_run_state(run.id, Cancelling())
-        run = await wait_for_state(request_id, "CANCELLED", timeout=5)
+        run = await wait_for_state(request_id, "CANCELLED", timeout=10)
         assert datetime.now(UTC) < send_at  # stopped while it waited
         await asyncio.sleep((send_at - datetime.now(UTC)).total_seconds() + 1.5)
     finally:
