@@ -4,6 +4,7 @@ as the providers check them, and only a draft can change."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from sqlmodel import Session
@@ -15,7 +16,7 @@ from campaign_trigger.services.campaign_content import CampaignContent, check_co
 from campaign_trigger.services.requests import create_request
 from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.store.files import Storage
-from campaign_trigger.store.models import PushPriority
+from campaign_trigger.store.models import Campaign, PushPriority
 
 
 @pytest.fixture
@@ -58,6 +59,22 @@ def test_variables_of_every_template_are_required(
             ),
         )
     assert refused.value.message == "Invalid file : missing variables : (order_id, kind, sku)"
+
+
+def _titled(
+    session: Session, org: tuple[str, str], channel: str, options: dict[str, Any]
+) -> Campaign:
+    """A campaign of the org's app titled "t", with ``options``."""
+    name, app_id = org
+    return admin.create_campaign(
+        session=session,
+        org_name=name,
+        app_ids=[app_id],
+        channel=channel,
+        title="t",
+        body="",
+        options=options,
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,15 +133,7 @@ def test_only_a_draft_changes_and_an_empty_value_clears(
     with pytest.raises(AdminError, match="only a draft"):
         admin.update_campaign(session=session, campaign_id=campaign.id, changes={"badge": 1})
     with pytest.raises(AdminError, match="in-app campaign has no silent"):
-        admin.create_campaign(
-            session=session,
-            org_name=name,
-            app_ids=[app_id],
-            channel="inapp",
-            title="t",
-            body="",
-            options={"silent": True, "data": {"k": "v"}},
-        )
+        _titled(session, org, "inapp", {"silent": True, "data": {"k": "v"}})
 
 
 def test_an_inapp_campaign_takes_data_image_and_ttl_but_no_push_options(
@@ -150,40 +159,16 @@ def test_an_inapp_campaign_with_a_ttl_of_0_is_refused(
     session: Session, org: tuple[str, str]
 ) -> None:
     """Its inbox entries would expire as they are published: never shown, reported sent."""
-    name, app_id = org
     with pytest.raises(AdminError) as refused:
-        admin.create_campaign(
-            session=session,
-            org_name=name,
-            app_ids=[app_id],
-            channel="inapp",
-            title="t",
-            body="",
-            options={"ttl_seconds": 0},
-        )
+        _titled(session, org, "inapp", {"ttl_seconds": 0})
     assert refused.value.message == (
         "An in-app campaign's TTL must be at least 1 second: "
         "its messages expire as they are published (none would be shown)"
     )
-    campaign = admin.create_campaign(
-        session=session,
-        org_name=name,
-        app_ids=[app_id],
-        channel="inapp",
-        title="t",
-        body="",
-        options={"ttl_seconds": 1},
-    )
+    campaign = _titled(session, org, "inapp", {"ttl_seconds": 1})
     with pytest.raises(AdminError, match="at least 1 second"):
         admin.update_campaign(session=session, campaign_id=campaign.id, changes={"ttl_seconds": 0})
     assert campaign.ttl_seconds == 1
-    pushed = admin.create_campaign(  # a push's TTL 0 is one attempt, now or never
-        session=session,
-        org_name=name,
-        app_ids=[app_id],
-        channel="push",
-        title="t",
-        body="",
-        options={"ttl_seconds": 0},
-    )
+    # a push's TTL 0 is one attempt, now or never
+    pushed = _titled(session, org, "push", {"ttl_seconds": 0})
     assert pushed.ttl_seconds == 0
