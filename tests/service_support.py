@@ -4,6 +4,7 @@ import ...``)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -17,6 +18,7 @@ from campaign_trigger.store.models import (
     Channel,
     MessageSource,
     Organisation,
+    Outcome,
     Platform,
     Request,
 )
@@ -64,3 +66,22 @@ def add_json_request(session: Session, org: Org, *, message_count: int = 3) -> s
     session.add(request)
     session.commit()
     return request.id
+
+
+def add_outcomes(
+    session: Session, org: Org, request_id: str, errors: Sequence[str], *, first: int = 0
+) -> None:
+    """Push outcome rows of the request (committed): row ``first + n`` of user ``u<row>``
+    for the org's app, with ``errors[n]`` (``""``: sent)."""
+    session.add_all(
+        Outcome(
+            request_id=request_id,
+            row_no=n,
+            app_id=org.app_id,
+            user_id=f"u{n}",
+            channel=Channel.push,
+            error_message=error,
+        )
+        for n, error in enumerate(errors, start=first)
+    )
+    session.commit()

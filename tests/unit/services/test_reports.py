@@ -18,7 +18,7 @@ from campaign_trigger.services.trigger_input import TriggerInput
 from campaign_trigger.store.files import Storage
 from campaign_trigger.store.migrate import upgrade
 from campaign_trigger.store.models import Channel, Outcome
-from service_support import Org
+from service_support import Org, add_json_request, add_outcomes
 
 
 @pytest.mark.parametrize("cell", ["=1+1", "+33", "-2", "@SUM(A1)", "\tx", "\rx", "\nx"])
@@ -120,31 +120,10 @@ def test_a_download_under_way_reads_the_whole_old_report_while_it_is_written_aga
 ) -> None:
     """The settle sweep, or a run retried or taken over after its report, writes it again
     while its link may be streaming it: the download gets the old file whole."""
-    request_id = create_request(
-        session=session,
-        settings=settings,
-        storage=storage,
-        org_id=org.org_id,
-        request_id=f"r-{org.org_id}",
-        trigger=TriggerInput(
-            campaign_id=org.campaign_id,
-            messages=[{"user_id": "u", "template_variables": {"first_name": "N", "code": "C"}}],
-        ),
-    )
+    request_id = add_json_request(session, org)
 
     def outcomes(first: int, error: str) -> None:
-        session.add_all(
-            Outcome(
-                request_id=request_id,
-                row_no=n,
-                app_id=org.app_id,
-                user_id=f"u{n}",
-                channel=Channel.push,
-                error_message=error,
-            )
-            for n in range(first, first + 2000)
-        )
-        session.commit()
+        add_outcomes(session, org, request_id, [error] * 2000, first=first)
 
     def write() -> str:
         [key] = write_reports(

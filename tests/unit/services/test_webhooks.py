@@ -29,14 +29,12 @@ from campaign_trigger.services.webhook_sender import (
 from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.migrate import upgrade
 from campaign_trigger.store.models import (
-    Channel,
-    Outcome,
     Request,
     RequestState,
     WebhookAttempt,
     WebhookDelivery,
 )
-from service_support import Org, add_json_request, make_org
+from service_support import Org, add_json_request, add_outcomes, make_org
 
 
 def _deliveries(session: Session, request_id: str) -> list[WebhookDelivery]:
@@ -159,17 +157,7 @@ def test_a_final_state_queues_one_event_per_endpoint_once(
             session=session, settings=settings, org_id=org.org_id, url=f"https://e.com/{path}"
         )
     request_id = add_json_request(session, org)
-    session.add_all(
-        Outcome(
-            request_id=request_id,
-            row_no=n,
-            app_id=org.app_id,
-            user_id=f"u{n}",
-            channel=Channel.push,
-            error_message=error,
-        )
-        for n, error in enumerate(["", "", "No device for user"])
-    )
+    add_outcomes(session, org, request_id, ["", "", "No device for user"])
     assert set_state(session=session, request_id=request_id, state=RequestState.running)
     assert _deliveries(session, request_id) == []
     assert set_state(session=session, request_id=request_id, state=RequestState.failed)
