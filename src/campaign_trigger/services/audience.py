@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, exists, or_, select
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col
 
 from campaign_trigger.store.models import App, CampaignApp, Channel, Device, Platform
@@ -66,9 +67,35 @@ def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list
     """(app, user, device, token, opted in, logged in, gone) of the users' devices.
 
     Core rows on the session's connection, no ORM loading and no UTC conversion per
-    device: "unregistered or uninstalled" is decided by the database (``gone``)."""
+    device: "unregistered or uninstalled" is decided by the database (``gone``).
+
+    On PostgreSQL, a device whose token another device of the app holds too, touched
+    later (the higher id on a tie), is gone as well: the token names one install, the
+    newer one. The writers give a token to one device (``services/devices.py``), but an
+    import and a registration committing the same token at once each find no other
+    holder (read committed) and both keep it; the phone must then get one message, and
+    only for its newer install's user (the rule of migration 0008). The check is one
+    probe of the token's hash index per device (the import ANALYZEs the table: with no
+    statistics the planner also scanned the app's whole user index for each device).
+    SQLite has one writer at a time, so the writers' rule holds there alone."""
     connection = session.connection()
     gone = or_(col(Device.unregistered_at).is_not(None), col(Device.uninstalled_at).is_not(None))
+    if connection.dialect.name == "postgresql":
+        newer = aliased(Device)
+        gone = or_(
+            gone,
+            exists().where(
+                col(newer.push_token) == col(Device.push_token),
+                col(newer.app_id) == col(Device.app_id),
+                or_(
+                    col(newer.updated_at) > col(Device.updated_at),
+                    and_(
+                        col(newer.updated_at) == col(Device.updated_at),
+                        col(newer.id) > col(Device.id),
+                    ),
+                ),
+            ),
+        )
     rows: list[Any] = []
     for start in range(0, len(users), _SQL_BATCH):
         rows.extend(

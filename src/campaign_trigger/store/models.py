@@ -228,7 +228,8 @@ class Device(SQLModel, table=True):
     reinstalled the app, or gave the token to a new install); ``ix_device_push_token``
     finds them (a hash index on PostgreSQL: a token may be 4096 characters, past a
     B-tree's limit; uniqueness is kept by the writers, ``services/devices.py`` and
-    ``services/device_import.py``, migration 0008).
+    ``services/device_import.py``, migration 0008; on PostgreSQL a send also skips an
+    older holder a concurrent import left, ``services/audience.py``).
     """
 
     __table_args__ = (

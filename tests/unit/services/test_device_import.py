@@ -9,13 +9,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from campaign_trigger.errors import AdminError
 from campaign_trigger.services.admin import import_devices
+from campaign_trigger.services.audience import APP_UNINSTALLED, AppTarget, resolve_targets
+from campaign_trigger.services.devices import log_in, register_device
 from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.migrate import upgrade
-from campaign_trigger.store.models import App, Device, Organisation, Platform
+from campaign_trigger.store.models import App, Channel, Device, Organisation, Platform
 
 HEADER = "device_id,user_id,push_token,opted_in,logged_in\n"
 
@@ -160,6 +162,59 @@ def test_a_token_imported_for_another_device_leaves_the_one_that_held_it(
     after = _devices(database, app_id)
     tokens = {device_id: device.push_token for device_id, device in after.items()}
     assert tokens == {"d1": None, "d2": "tok-t", "d9": "tok-c"}
+
+
+def _register_uncommitted(database: str, app_id: str, device_id: str, token: str) -> Session:
+    """A new install registers ``token`` and Bob logs in on it; the transaction is left
+    open (the caller commits)."""
+    session = Session(engine_for(database))
+    app = session.exec(select(App).where(App.app_id == app_id)).one()
+    device = register_device(
+        session=session, app_id=app_id, device_id=device_id, push_token=token
+    ).device
+    log_in(session=session, app=app, device=device, user_id="bob", identity_hash=None)
+    session.flush()
+    return session
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("first", ["registration", "import"])
+def test_an_import_and_a_registration_giving_one_token_at_once_reach_the_phone_once(
+    postgres_url: str, tmp_path: Path, first: str
+) -> None:
+    # Read committed: the import and the registration each look for the token's other
+    # holders before the other one committed, find none, and both keep the token.
+    upgrade(postgres_url)
+    app_id = _new_app(postgres_url)
+    path = tmp_path / "devices.csv"
+    path.write_text(HEADER + "d-import,alice,tok-t,true,true\n", encoding="utf-8")
+    with Session(engine_for(postgres_url)) as importing:
+        if first == "registration":
+            registering = _register_uncommitted(postgres_url, app_id, "d-app", "tok-t")
+            import_devices(session=importing, app_id=app_id, path=path)
+            importing.commit()
+        else:
+            import_devices(session=importing, app_id=app_id, path=path)
+            registering = _register_uncommitted(postgres_url, app_id, "d-app", "tok-t")
+            importing.commit()
+        registering.commit()
+        registering.close()
+    with Session(engine_for(postgres_url)) as session:
+        targets = resolve_targets(
+            session=session,
+            users=["alice", "bob"],
+            apps=[AppTarget(app_id, Platform.ios)],
+            channel=Channel.push,
+        )
+        sent = [(t.device_id, t.token) for t in targets if not t.error_message]
+        assert len(sent) == 1, targets  # one message for the phone, one user's
+        assert [t.error_message for t in targets if t.error_message] == [APP_UNINSTALLED]
+        newest = session.exec(
+            select(Device.device_id)
+            .where(Device.app_id == app_id, Device.push_token == "tok-t")
+            .order_by(col(Device.updated_at).desc(), col(Device.id).desc())
+        ).first()
+        assert sent == [(newest, "tok-t")]
 
 
 @pytest.mark.parametrize(
