@@ -21,11 +21,12 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 from sqlalchemy import exists, update
 from sqlalchemy.orm import aliased
@@ -150,36 +151,87 @@ def _describe(exc: Exception) -> str:
     return text[:MAX_ERROR_LENGTH]
 
 
-async def private_destination(url: str) -> str | None:
-    """Why ``url``'s host is refused (it resolves to a private address), or None.
+class Refused(httpcore.ConnectError):
+    """The host resolves to a private address, or to none: not connected."""
 
-    Checked at each POST, not only at registration: a public name can be pointed at a
-    private address later. A name that does not resolve now is refused too (the POST's
-    own lookup could find a private address): the attempt fails and is retried."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+
+async def public_address(host: str, port: int) -> str:
+    """The address to connect to for ``host``: its first, if every address it resolves to
+    now is public; else :class:`Refused` says why. A name that does not resolve now is
+    refused too: the attempt fails and is retried."""
     try:
         found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        return f"refused: {host} could not be resolved ({_describe(exc)})"
+        raise Refused(f"refused: {host} could not be resolved ({_describe(exc)})") from None
     if not found:
-        return f"refused: {host} could not be resolved"
+        raise Refused(f"refused: {host} could not be resolved")
     for *_, address in found:
         if webhooks.is_private(str(address[0])):
-            return f"refused: {host} resolves to {address[0]}, not a public address"
-    return None
+            raise Refused(f"refused: {host} resolves to {address[0]}, not a public address")
+    return str(found[0][4][0])
+
+
+class PublicOnly(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, connecting only to public addresses: each connection
+    resolves its host once, checks what it found (:func:`public_address`) and connects
+    to the address checked. Checked at each connection, not only at registration: a
+    public name can be pointed at a private address later. Checked and connected in one
+    step: a name re-pointed between a check and the connection's own lookup (DNS
+    rebinding, a name answering a public address then a private one) reached the
+    private one. TLS still names the host (SNI, certificate), as the URL gives it."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        address = await public_address(host, port)
+        return await self._backend.connect_tcp(
+            address,
+            port,
+            timeout=timeout,
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+class PublicOnlyTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport on a pool whose connections are :class:`PublicOnly`'s (httpx
+    takes no network backend: its pool is made again, with httpx's default limits). No
+    proxy from the environment: a proxy would resolve the name itself."""
+
+    def __init__(self) -> None:
+        super().__init__(trust_env=False)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=PublicOnly(),
+        )
+
+
+def transport_for(settings: Settings) -> httpx.AsyncBaseTransport | None:
+    """The sender's transport: public addresses only, unless sandbox mode or
+    ``webhook_allow_private_addresses`` lets a receiver be on the service's network
+    (None: httpx's own)."""
+    return None if webhooks.private_allowed(settings) else PublicOnlyTransport()
 
 
 async def attempt(
     client: httpx.AsyncClient, settings: Settings, job: Job
 ) -> tuple[int | None, str | None, int]:
-    """POST the event once: (status code, error, duration in ms). Outside sandbox mode a
-    URL whose host resolves to a private address is not called (the attempt records why)."""
-    if not webhooks.private_allowed(settings):
-        refused = await private_destination(job.url)
-        if refused is not None:
-            return None, refused[:MAX_ERROR_LENGTH], 0
+    """POST the event once: (status code, error, duration in ms). A host the client's
+    transport refuses (:class:`Refused`) is not called; the attempt records why."""
     headers = {
         "Content-Type": "application/json",
         "User-Agent": f"campaign-trigger-webhooks/{__version__}",
@@ -197,7 +249,8 @@ async def attempt(
     except TimeoutError:
         error = f"no answer in {settings.webhook_timeout_seconds:g} s"
     except httpx.HTTPError as exc:
-        error = _describe(exc)
+        refused = exc.__cause__
+        error = str(refused)[:MAX_ERROR_LENGTH] if isinstance(refused, Refused) else _describe(exc)
     return status, error, int((time.monotonic() - started) * 1000)
 
 
@@ -285,7 +338,7 @@ async def run_sender(
     # the documented time: each follows the setting, which also bounds the whole POST.
     timeout = httpx.Timeout(settings.webhook_timeout_seconds)
     async with httpx.AsyncClient(
-        transport=transport, follow_redirects=False, timeout=timeout
+        transport=transport or transport_for(settings), follow_redirects=False, timeout=timeout
     ) as client:
         try:
             purged_at = -PURGE_EVERY_SECONDS

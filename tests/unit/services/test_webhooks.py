@@ -4,10 +4,13 @@ only when it changes), and the retry schedule of the sender's bookkeeping."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +28,7 @@ from campaign_trigger.services.webhook_sender import (
     due_events,
     record_attempt,
     retry_delay,
+    transport_for,
 )
 from campaign_trigger.store.db import engine_for
 from campaign_trigger.store.migrate import upgrade
@@ -85,22 +89,59 @@ def test_public_addresses_and_names_are_accepted(settings: Settings) -> None:
         assert webhooks.check_url(settings=settings, url=url) == url
 
 
+@asynccontextmanager
+async def _receiver() -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A plain HTTP receiver on 127.0.0.1: its port, and the requests it got (their
+    first lines), each answered 200."""
+    got: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        got.append(head.split(b"\r\n", 1)[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        yield server.sockets[0].getsockname()[1], got
+
+
 async def test_a_name_resolving_to_a_private_address_is_not_called(settings: Settings) -> None:
-    called: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        called.append(request)
-        return httpx.Response(200)
-
-    job = Job(delivery_id=1, url="https://localhost:9/hook", secret="whsec_x", body=b"{}")
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        status, error, _ = await attempt(client, settings, job)
-        assert (status, called) == (None, [])
+    async with _receiver() as (port, got):
+        job = Job(delivery_id=1, url=f"http://localhost:{port}/hook", secret="whsec_x", body=b"{}")
+        async with httpx.AsyncClient(transport=transport_for(settings)) as client:
+            status, error, _ = await attempt(client, settings, job)
+        assert (status, got) == (None, [])
         assert error is not None
         assert error.startswith("refused: localhost resolves to ")
         allowed = settings.model_copy(update={"webhook_allow_private_addresses": True})
-        assert (await attempt(client, allowed, job))[:2] == (200, None)
-    assert [str(r.url) for r in called] == ["https://localhost:9/hook"]
+        async with httpx.AsyncClient(transport=transport_for(allowed)) as client:
+            assert (await attempt(client, allowed, job))[:2] == (200, None)
+        assert got == [b"POST /hook HTTP/1.1"]
+
+
+async def test_a_name_re_pointed_at_a_private_address_after_the_check_is_not_called(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DNS rebinding: the name answers a public address to the check, then (TTL 0) the
+    # service's own address to the connection's lookup.
+    answers: list[str] = []
+
+    async def rebinding(host: str, port: int, **_: object) -> list[tuple[Any, ...]]:
+        address = "93.184.216.34" if not answers else "127.0.0.1"
+        answers.append(address)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", rebinding)
+    quick = settings.model_copy(update={"webhook_timeout_seconds": 1.0})
+    async with _receiver() as (port, got):
+        job = Job(delivery_id=1, url=f"http://rebind.test:{port}/h", secret="whsec_x", body=b"{}")
+        async with httpx.AsyncClient(transport=transport_for(quick)) as client:
+            status, error, _ = await attempt(client, quick, job)
+    assert (status, got) == (None, [])  # the POST went to the address checked, or nowhere
+    assert error is not None
+    assert answers == ["93.184.216.34"]  # one lookup: checked and connected in one step
 
 
 @pytest.mark.parametrize(
@@ -432,15 +473,9 @@ def test_an_ipv6_address_carrying_a_public_ipv4_one_is_public(address: str) -> N
 async def test_a_name_that_does_not_resolve_is_not_called_its_attempt_failed(
     settings: Settings,
 ) -> None:
-    called: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        called.append(request)
-        return httpx.Response(200)
-
     job = Job(delivery_id=1, url="https://no-such-host.invalid/hook", secret="whsec_x", body=b"{}")
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+    async with httpx.AsyncClient(transport=transport_for(settings)) as client:
         status, error, _ = await attempt(client, settings, job)
-    assert (status, called) == (None, [])
+    assert status is None
     assert error is not None
     assert error.startswith("refused: no-such-host.invalid could not be resolved")
