@@ -142,10 +142,13 @@ def _check_block(table: pyarrow.Table, *, model: type[pa.DataFrameModel], first_
 
 
 def _failure_message(cases: pd.DataFrame) -> InvalidInput:
-    """Our message for pandera's failure cases (rows counted from 1 after the header)."""
+    """Our message for pandera's failure cases. Rows are numbered as pyarrow's parse
+    errors number them (``Row #3: Expected 2 columns``) and as a spreadsheet shows the
+    file: the header is row 1 (blank lines are not counted), so a row has one number
+    whichever check refuses it."""
     first = cases.iloc[0]
     column, check = str(first.get("column")), str(first.get("check"))
-    rows = sorted({int(i) + 1 for i in cases["index"].dropna().tolist()})
+    rows = sorted({int(i) + 2 for i in cases["index"].dropna().tolist()})
     where = f"row {rows[0]}" if rows else "the file"
     more = f" (and {len(rows) - 1} more rows)" if len(rows) > 1 else ""
     if column == USER_COLUMN:

@@ -126,7 +126,7 @@ async def test_csv_with_an_empty_user_is_refused(client: httpx.AsyncClient, tena
         files={"campaign_id": (None, tenant.plain), "file": ("u.csv", b'User\nu1\n""\nu3\n', None)},
     )
     assert response.status_code == 400
-    assert response.json() == {"error_message": "Invalid file : empty 'User' value on row 2"}
+    assert response.json() == {"error_message": "Invalid file : empty 'User' value on row 3"}
 
 
 async def test_refused_upload_leaves_no_file(client: httpx.AsyncClient, tenant: Tenant) -> None:

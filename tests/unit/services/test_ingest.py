@@ -128,16 +128,27 @@ def test_empty_user_is_reported_with_its_row(storage: Storage, block: int) -> No
     content = _rows(50).replace(b"\nuser-37,", b"\n,")
     with pytest.raises(InvalidInput) as caught:
         _ingest(storage, content, ["code"], block_bytes=block)
-    assert caught.value.message == "Invalid file : empty 'User' value on row 38"
+    assert caught.value.message == "Invalid file : empty 'User' value on row 39"
+
+
+def test_a_row_has_one_number_whichever_check_refuses_it(storage: Storage) -> None:
+    # pyarrow's parse errors count the header as row 1 (and no blank line): so do ours
+    ragged, empty = b"User,code\nu1,a\n\nu2,b,c\n", b"User,code\nu1,a\n\n,b\n"
+    with pytest.raises(InvalidInput) as by_parser:
+        _ingest(storage, ragged, ["code"])
+    with pytest.raises(InvalidInput) as by_schema:
+        _ingest(storage, empty, ["code"])
+    assert "Row #3:" in by_parser.value.message
+    assert by_schema.value.message == "Invalid file : empty 'User' value on row 3"
 
 
 def test_blank_and_too_long_users_are_refused(storage: Storage) -> None:
     with pytest.raises(InvalidInput) as caught:
         _ingest(storage, b"User,code\nu1,a\n   ,b\n", ["code"])
-    assert caught.value.message == "Invalid file : empty 'User' value on row 2"
+    assert caught.value.message == "Invalid file : empty 'User' value on row 3"
     with pytest.raises(InvalidInput) as caught:
         _ingest(storage, b"User,code\n" + b"u" * 201 + b",a\n", ["code"])
-    assert caught.value.message == "Invalid file : 'User' value longer than 200 characters on row 1"
+    assert caught.value.message == "Invalid file : 'User' value longer than 200 characters on row 2"
     rows, _ = _ingest(storage, b"User,code\n" + b"u" * 200 + b",a\n", ["code"])
     assert rows == 1
 
