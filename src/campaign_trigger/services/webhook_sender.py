@@ -155,10 +155,10 @@ class Refused(httpcore.ConnectError):
     """The host resolves to a private address, or to none: not connected."""
 
 
-async def public_address(host: str, port: int) -> str:
-    """The address to connect to for ``host``: its first, if every address it resolves to
-    now is public; else :class:`Refused` says why. A name that does not resolve now is
-    refused too: the attempt fails and is retried."""
+async def public_addresses(host: str, port: int) -> list[str]:
+    """The addresses to connect to for ``host``, in the resolver's order, if every
+    address it resolves to now is public; else :class:`Refused` says why. A name that
+    does not resolve now is refused too: the attempt fails and is retried."""
     try:
         found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -168,17 +168,19 @@ async def public_address(host: str, port: int) -> str:
     for *_, address in found:
         if webhooks.is_private(str(address[0])):
             raise Refused(f"refused: {host} resolves to {address[0]}, not a public address")
-    return str(found[0][4][0])
+    return list(dict.fromkeys(str(address[0]) for *_, address in found))
 
 
 class PublicOnly(httpcore.AsyncNetworkBackend):
     """httpcore's network backend, connecting only to public addresses: each connection
-    resolves its host once, checks what it found (:func:`public_address`) and connects
-    to the address checked. Checked at each connection, not only at registration: a
-    public name can be pointed at a private address later. Checked and connected in one
-    step: a name re-pointed between a check and the connection's own lookup (DNS
-    rebinding, a name answering a public address then a private one) reached the
-    private one. TLS still names the host (SNI, certificate), as the URL gives it."""
+    resolves its host once, checks what it found (:func:`public_addresses`) and tries
+    the addresses checked, one after the other (a host whose first address does not
+    answer, IPv6 on a network without it say, is reached on the next). Checked at each
+    connection, not only at registration: a public name can be pointed at a private
+    address later. Checked and connected in one step: a name re-pointed between a check
+    and the connection's own lookup (DNS rebinding, a name answering a public address
+    then a private one) reached the private one. TLS still names the host (SNI,
+    certificate), as the URL gives it."""
 
     def __init__(self) -> None:
         self._backend = httpcore.AnyIOBackend()
@@ -191,7 +193,20 @@ class PublicOnly(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        address = await public_address(host, port)
+        addresses = await public_addresses(host, port)
+        for address in addresses[:-1]:
+            with contextlib.suppress(httpcore.ConnectError, httpcore.ConnectTimeout):
+                return await self._connect(address, port, timeout, local_address, socket_options)
+        return await self._connect(addresses[-1], port, timeout, local_address, socket_options)
+
+    async def _connect(
+        self,
+        address: str,
+        port: int,
+        timeout: float | None,  # noqa: ASYNC109 (httpcore's interface)
+        local_address: str | None,
+        socket_options: Iterable[Any] | None,
+    ) -> httpcore.AsyncNetworkStream:
         return await self._backend.connect_tcp(
             address,
             port,
@@ -206,13 +221,15 @@ class PublicOnly(httpcore.AsyncNetworkBackend):
 
 class PublicOnlyTransport(httpx.AsyncHTTPTransport):
     """httpx's transport on a pool whose connections are :class:`PublicOnly`'s (httpx
-    takes no network backend: its pool is made again, with httpx's default limits). No
-    proxy from the environment: a proxy would resolve the name itself."""
+    takes no network backend: its pool is made again, with httpx's default limits: any
+    option given to ``super().__init__`` is lost with it). No proxy from the
+    environment: a proxy would resolve the name itself (``SSL_CERT_FILE`` and
+    ``SSL_CERT_DIR`` still count)."""
 
     def __init__(self) -> None:
         super().__init__(trust_env=False)
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=httpx.create_ssl_context(trust_env=True),
             max_connections=100,
             max_keepalive_connections=20,
             keepalive_expiry=5.0,

@@ -470,6 +470,26 @@ def test_an_ipv6_address_carrying_a_public_ipv4_one_is_public(address: str) -> N
     assert not webhooks.is_private(address)
 
 
+async def test_a_host_whose_first_address_does_not_answer_is_reached_on_the_next(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as httpx's own lookup does: every address the name has, in turn (here 127.0.0.2
+    # refuses the connection; both count as public for the test)
+    async def two(host: str, port: int, **_: object) -> list[tuple[Any, ...]]:
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))
+            for address in ("127.0.0.2", "127.0.0.1")
+        ]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", two)
+    monkeypatch.setattr(webhooks, "is_private", lambda address: False)
+    async with _receiver() as (port, got):
+        job = Job(delivery_id=1, url=f"http://two.test:{port}/h", secret="whsec_x", body=b"{}")
+        async with httpx.AsyncClient(transport=transport_for(settings)) as client:
+            assert (await attempt(client, settings, job))[:2] == (200, None)
+    assert got == [b"POST /h HTTP/1.1"]
+
+
 async def test_a_name_that_does_not_resolve_is_not_called_its_attempt_failed(
     settings: Settings,
 ) -> None:
