@@ -254,11 +254,26 @@ async def read_scheduled_requests(
     settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, le=100, description="Page size.")] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9, description="Requests to skip.")] = 0,
+    after: Annotated[
+        str | None,
+        Query(
+            description=(
+                "Start after this request: the last request_id of the page before. Such "
+                "pages do not shift when a request of an earlier page starts or is "
+                "cancelled meanwhile (an offset does); `offset` then counts from it."
+            )
+        ),
+    ] = None,
 ) -> Response:
     """List a campaign's scheduled requests, soonest first."""
     check_campaign_id(campaign_id)  # a blank one: Empty campaign identifier
     requests, total = await lifecycle.scheduled_requests(
-        session=session, org_id=identity.org_id, campaign_id=campaign_id, limit=limit, offset=offset
+        session=session,
+        org_id=identity.org_id,
+        campaign_id=campaign_id,
+        limit=limit,
+        offset=offset,
+        after=after,
     )
     page = await to_thread.run_sync(
         lambda: scheduled_page(

@@ -132,10 +132,16 @@ class AsyncTriggerClient:
         return calls.cancelled(await self._send(call))
 
     async def scheduled(
-        self, campaign_id: str, *, limit: int | None = None, offset: int | None = None
+        self,
+        campaign_id: str,
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        after: str | None = None,
     ) -> ScheduledPage:
-        """One page of the campaign's requests that have not started yet."""
-        call = calls.scheduled_call(campaign_id, limit=limit, offset=offset)
+        """One page of the campaign's requests that have not started yet (``after``: the
+        last request id of the page before, for pages that do not shift)."""
+        call = calls.scheduled_call(campaign_id, limit=limit, offset=offset, after=after)
         return calls.scheduled_page(await self._send(call))
 
     async def report(self, request_id: str) -> Report:

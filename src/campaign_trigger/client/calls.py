@@ -92,10 +92,11 @@ def create_call(
     )
 
 
-def scheduled_call(campaign_id: str, *, limit: int | None, offset: int | None) -> Call:
-    params = {
-        name: value for name, value in (("limit", limit), ("offset", offset)) if value is not None
-    }
+def scheduled_call(
+    campaign_id: str, *, limit: int | None, offset: int | None, after: str | None
+) -> Call:
+    given = (("limit", limit), ("offset", offset), ("after", after))
+    params = {name: value for name, value in given if value is not None}
     return Call(
         "GET", f"/api/campaigns/{segment(campaign_id)}/request/scheduled", {"params": params}
     )

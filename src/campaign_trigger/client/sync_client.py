@@ -132,11 +132,17 @@ class TriggerClient:
         return calls.cancelled(self._send(call))
 
     def scheduled(
-        self, campaign_id: str, *, limit: int | None = None, offset: int | None = None
+        self,
+        campaign_id: str,
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        after: str | None = None,
     ) -> ScheduledPage:
-        """One page of the campaign's requests that have not started yet."""
+        """One page of the campaign's requests that have not started yet (``after``: the
+        last request id of the page before, for pages that do not shift)."""
         return calls.scheduled_page(
-            self._send(calls.scheduled_call(campaign_id, limit=limit, offset=offset))
+            self._send(calls.scheduled_call(campaign_id, limit=limit, offset=offset, after=after))
         )
 
     def report(self, request_id: str) -> Report:

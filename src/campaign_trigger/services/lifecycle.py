@@ -16,12 +16,13 @@ import logging
 
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
-from sqlalchemy import func, tuple_, update
+from sqlalchemy import ColumnElement, Subquery, func, tuple_, update
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from campaign_trigger.config import Settings
 from campaign_trigger.errors import CampaignNotFound, RequestNotFound, RequestStateError
+from campaign_trigger.schemas.text import storable
 from campaign_trigger.services import (
     lookup,
     prefect_runs,
@@ -175,46 +176,102 @@ def _open_requests(*, org_id: int, campaign_id: str) -> SelectOfScalar[Request]:
     )
 
 
+def _resume(after: Request) -> ColumnElement[bool]:
+    """The requests after ``after`` in the list's order."""
+    return tuple_(col(Request.send_at), col(Request.requested_at), col(Request.id)) > tuple_(
+        after.send_at, after.requested_at, after.id
+    )
+
+
+def _cursor(
+    session: Session, *, org_id: int, campaign_id: str, after: str | None
+) -> Request | None:
+    """The request a page starts after (None: the first page). One of the campaign's,
+    in any state: one that started or was cancelled since it ended the last page still
+    marks the place."""
+    if after is None:
+        return None
+    request = None
+    if storable(after):
+        request = session.exec(
+            select(Request).where(
+                Request.id == after, Request.org_id == org_id, Request.campaign_id == campaign_id
+            )
+        ).first()
+    if request is None:
+        raise RequestNotFound(after)
+    return request
+
+
 def _first_candidates(
-    session: Session, *, org_id: int, campaign_id: str, count: int
-) -> tuple[list[Request], int]:
-    """The first ``count`` open requests of the campaign, and how many open requests the
-    mirror calls scheduled in all (counted by the same statement)."""
+    session: Session, *, org_id: int, campaign_id: str, count: int, after: str | None
+) -> tuple[list[Request], Request | None, int]:
+    """The first ``count`` open requests of the campaign (after the request ``after``),
+    that request, and how many open requests the mirror calls scheduled in all, on every
+    page (counted by the same statement on the first page)."""
     if lookup.org_campaign(session=session, org_id=org_id, campaign_id=campaign_id) is None:
         raise CampaignNotFound(f"Campaign with identifier {campaign_id} was not found")
-    scheduled = func.count().filter(col(Request.state) == RequestState.scheduled).over()
-    rows = session.execute(
-        _open_requests(org_id=org_id, campaign_id=campaign_id).add_columns(scheduled).limit(count)
-    ).all()
+    start = _cursor(session, org_id=org_id, campaign_id=campaign_id, after=after)
+    if start is None:
+        scheduled = func.count().filter(col(Request.state) == RequestState.scheduled).over()
+        rows = session.execute(
+            _open_requests(org_id=org_id, campaign_id=campaign_id)
+            .add_columns(scheduled)
+            .limit(count)
+        ).all()
+        session.commit()
+        return [request for request, _ in rows], None, rows[0][1] if rows else 0
+    requests = _more_candidates(
+        session, org_id=org_id, campaign_id=campaign_id, after=start, count=count
+    )
+    total = session.exec(select(func.count()).select_from(_mirrored(org_id, campaign_id)))
+    count_all = total.one()
     session.commit()
-    return [request for request, _ in rows], rows[0][1] if rows else 0
+    return requests, start, count_all
 
 
 def _more_candidates(
     session: Session, *, org_id: int, campaign_id: str, after: Request, count: int
 ) -> list[Request]:
     """The next ``count`` open requests of the campaign after ``after``."""
-    resume = tuple_(col(Request.send_at), col(Request.requested_at), col(Request.id)) > tuple_(
-        after.send_at, after.requested_at, after.id
-    )
     requests = list(
         session.exec(
-            _open_requests(org_id=org_id, campaign_id=campaign_id).where(resume).limit(count)
+            _open_requests(org_id=org_id, campaign_id=campaign_id)
+            .where(_resume(after))
+            .limit(count)
         ).all()
     )
     session.commit()
     return requests
 
 
+def _mirrored(org_id: int, campaign_id: str) -> Subquery:
+    """The campaign's requests the mirror calls scheduled."""
+    return (
+        _open_requests(org_id=org_id, campaign_id=campaign_id)
+        .where(col(Request.state) == RequestState.scheduled)
+        .order_by(None)
+        .subquery()
+    )
+
+
 def _mirrored_page(
-    session: Session, *, org_id: int, campaign_id: str, limit: int, offset: int
+    session: Session,
+    *,
+    org_id: int,
+    campaign_id: str,
+    limit: int,
+    offset: int,
+    after: Request | None,
 ) -> tuple[list[Request], int]:
     """The page as the mirror has it, and its total (when Prefect cannot be asked)."""
     mirrored = _open_requests(org_id=org_id, campaign_id=campaign_id).where(
         col(Request.state) == RequestState.scheduled
     )
+    if after is not None:
+        mirrored = mirrored.where(_resume(after))
     page = list(session.exec(mirrored.limit(limit).offset(offset)).all())
-    total = session.exec(select(func.count()).select_from(mirrored.order_by(None).subquery()))
+    total = session.exec(select(func.count()).select_from(_mirrored(org_id, campaign_id)))
     session.commit()
     return page, total.one()
 
@@ -232,9 +289,18 @@ def _correct(session: Session, corrections: Corrections) -> None:
 
 
 async def scheduled_requests(
-    *, session: Session, org_id: int, campaign_id: str, limit: int, offset: int
+    *,
+    session: Session,
+    org_id: int,
+    campaign_id: str,
+    limit: int,
+    offset: int,
+    after: str | None = None,
 ) -> tuple[list[Request], int]:
-    """The campaign's requests whose flow run is Scheduled (or still in the outbox).
+    """The campaign's requests whose flow run is Scheduled (or still in the outbox),
+    from the ``offset``-th one after the request ``after`` (from the first without it):
+    pages that go on from the last request of the page before do not shift when a
+    request of an earlier page starts or is cancelled meanwhile, as offsets do.
 
     Prefect is asked about the requests up to the page's end only, a window of as many
     runs as the page still lacks at a time (:data:`prefect_runs.PAGE_LIMIT` at most), and
@@ -245,8 +311,13 @@ async def scheduled_requests(
     The total counts the requests checked, plus those beyond the page the mirror calls
     scheduled (corrected in turn when a page reaches them)."""
     wanted = offset + limit
-    candidates, scheduled_total = await in_thread(
-        _first_candidates, session, org_id=org_id, campaign_id=campaign_id, count=wanted
+    candidates, start, scheduled_total = await in_thread(
+        _first_candidates,
+        session,
+        org_id=org_id,
+        campaign_id=campaign_id,
+        count=wanted,
+        after=after,
     )
     exhausted = len(candidates) < wanted
     listed: list[Request] = []
@@ -300,6 +371,7 @@ async def scheduled_requests(
             campaign_id=campaign_id,
             limit=limit,
             offset=offset,
+            after=start,
         )
     # before the corrections, which update these very objects
     seen = sum(1 for r in candidates[:checked] if r.state == RequestState.scheduled)

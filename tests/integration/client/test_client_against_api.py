@@ -153,7 +153,10 @@ def test_scheduled_pages_with_limit_and_offset(api: TriggerClient, tenant: Seede
     assert (first.total, second.total) == (3, 3)
     assert [r.request_id for r in first.requests + second.requests] == ids
     assert first.requests[0].messages == messages_for(tenant)
-    for request_id in ids:
+    api.cancel(ids[0])  # an offset of 2 now skips ids[2]; the page after ids[1] does not
+    following = api.scheduled(tenant.campaign_id, limit=2, after=first.requests[-1].request_id)
+    assert ([r.request_id for r in following.requests], following.total) == (ids[2:], 2)
+    for request_id in ids[1:]:
         api.cancel(request_id)
 
 
@@ -179,6 +182,9 @@ def test_the_spec_refusals_raise_bad_request_with_their_message(
         ),
         "The request r-unknown was not found": lambda: api.report("r-unknown"),
         "Campaign with identifier nope was not found": lambda: api.scheduled("nope"),
+        "The request r-gone was not found": lambda: api.scheduled(
+            tenant.campaign_id, after="r-gone"
+        ),
     }
     for message, call in refusals.items():
         with pytest.raises(BadRequest) as caught:

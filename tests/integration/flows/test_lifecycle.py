@@ -65,11 +65,16 @@ async def cancel_request(*, org_id: int, request_id: str) -> Request:
 
 
 async def scheduled_requests(
-    *, org_id: int, campaign_id: str, limit: int, offset: int
+    *, org_id: int, campaign_id: str, limit: int, offset: int, after: str | None = None
 ) -> tuple[list[Request], int]:
     with session_scope() as session:
         return await lifecycle.scheduled_requests(
-            session=session, org_id=org_id, campaign_id=campaign_id, limit=limit, offset=offset
+            session=session,
+            org_id=org_id,
+            campaign_id=campaign_id,
+            limit=limit,
+            offset=offset,
+            after=after,
         )
 
 
@@ -424,6 +429,43 @@ async def test_a_page_asks_prefect_about_the_requests_up_to_its_end_only(
     assert asked == [prefect_runs.PAGE_LIMIT, 4]
     assert counted_total == total - 2
     assert load_request(request_ids[prefect_runs.PAGE_LIMIT + 1]).state == RequestState.canceled
+
+
+async def test_pages_after_a_request_skip_nothing_while_each_page_is_cancelled(
+    deployed: ManagedProcess,
+) -> None:
+    # A back-end cancelling every request it lists, page by page: an offset skipped the
+    # requests that moved up into the page just read; a page after its last request not.
+    tenant = seed_tenant()
+    request_ids = [add_request(tenant, ["u1"], send_at=later(600 + n)) for n in range(7)]
+    while await drain():
+        pass
+    seen: list[str] = []
+    after: str | None = None
+    totals: list[int] = []
+    while True:
+        page, total = await scheduled_requests(
+            org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=3, offset=0, after=after
+        )
+        totals.append(total)
+        if not page:
+            break
+        for request in page:
+            await cancel_request(org_id=tenant.org_id, request_id=request.id)
+        seen += [request.id for request in page]
+        after = page[-1].id
+    assert seen == request_ids
+    assert totals == [7, 4, 1, 0]  # what is left scheduled, every page
+    # the cursor is one of this campaign's requests, in any state (cancelled ones here)
+    with pytest.raises(RequestNotFound, match="The request nope was not found"):
+        await scheduled_requests(
+            org_id=tenant.org_id, campaign_id=tenant.campaign_id, limit=3, offset=0, after="nope"
+        )
+    other = seed_tenant()
+    with pytest.raises(RequestNotFound):
+        await scheduled_requests(
+            org_id=other.org_id, campaign_id=other.campaign_id, limit=3, offset=0, after=after
+        )
 
 
 async def test_unknown_and_foreign_requests_and_campaigns_are_not_found(

@@ -116,8 +116,19 @@ def test_the_scheduled_list_falls_back_to_the_mirror_without_prefect(
                 session=session, org_id=org.org_id, campaign_id=org.campaign_id, limit=10, offset=0
             )
         )
+        following, following_total = asyncio.run(
+            lifecycle.scheduled_requests(
+                session=session,
+                org_id=org.org_id,
+                campaign_id=org.campaign_id,
+                limit=10,
+                offset=0,
+                after=second,
+            )
+        )
     assert total == 2
     assert [r.id for r in listed] == [second, first]  # soonest first
+    assert ([r.id for r in following], following_total) == ([first], 2)
 
 
 class FakePrefect:
