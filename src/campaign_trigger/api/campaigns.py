@@ -218,16 +218,18 @@ async def cancel_trigger_request(
     identity: Sender,
     session: SessionDep,
     settings: SettingsDep,
-) -> dict[str, Any]:
+) -> Response:
     """Cancel a request that has not started; returns the request as created."""
     if not request_id.strip():
         raise InvalidInput(NO_REQUEST_ID)
     cancelled = await lifecycle.cancel_request(
         session=session, org_id=identity.org_id, request_id=request_id
     )
-    return await to_thread.run_sync(
+    body = await to_thread.run_sync(
         lambda: request_body(session=session, settings=settings, request=cancelled)
     )
+    # JSON text in RequestOut's shape, numbers as the body wrote them (see request_body)
+    return Response(body, media_type="application/json")
 
 
 @router.get(

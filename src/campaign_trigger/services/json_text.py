@@ -6,7 +6,9 @@ written in the JSON body (``2.00`` stays ``2.00``, ``1e3`` stays ``1e3``), a boo
 as ``true``/``false``, null as the empty string. :func:`loads` keeps each number's
 original text beside its value (:class:`JsonFloat`, :class:`JsonInt` behave as
 ``float`` and ``int`` everywhere else); numbers that did not come through it (a call
-from Python) use their JSON form (``json.dumps``).
+from Python) use their JSON form (``json.dumps``). :func:`dumps` writes such numbers back
+as their text: the database's JSON columns keep a request's variables as they were sent
+(the scheduled list and the cancel answer show ``2.00``, not ``2.0``).
 """
 
 from __future__ import annotations
@@ -66,3 +68,19 @@ def as_text(value: object) -> str:
     if isinstance(value, JsonFloat | JsonInt):
         return value.text
     return json.dumps(value, allow_nan=False)
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value)``, each number that kept its text (:func:`loads`) written as
+    that text: valid JSON, since the text came from a JSON body. The engines' JSON
+    serializer (``store/db.py``)."""
+    if isinstance(value, JsonFloat | JsonInt):
+        return value.text
+    if isinstance(value, dict):
+        if not any(isinstance(item, JsonFloat | JsonInt | dict | list) for item in value.values()):
+            return json.dumps(value)  # the common case, in C
+        items = (f"{json.dumps(str(key))}: {dumps(item)}" for key, item in value.items())
+        return "{" + ", ".join(items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(dumps(item) for item in value) + "]"
+    return json.dumps(value)

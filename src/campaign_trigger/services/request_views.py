@@ -27,14 +27,15 @@ def _json_ids(requests: Sequence[Request]) -> list[str]:
     return [r.id for r in requests if r.source == MessageSource.json]
 
 
-def _message_rows(
-    session: Session, json_ids: list[str], *, stored_text: bool
-) -> Sequence[tuple[str, str, Any]]:
-    """(request id, user id, template variables) of the requests' messages, in order;
-    the variables decoded, or with ``stored_text`` as the JSON text the database holds.
+def _message_rows(session: Session, json_ids: list[str]) -> Sequence[tuple[str, str, str]]:
+    """(request id, user id, template variables as the JSON text the database holds) of
+    the requests' messages, in order. The text is spliced into the answers as it is:
+    numbers as the body wrote them (``json_text.dumps`` stored them), and a page of up
+    to 100 x 1,000 messages not decoded and encoded again (that was most of a list's
+    CPU).
 
-    Columns through Core, not the ORM's loading (a page holds up to 100 x 1,000
-    messages; the ORM's row handling was half of a list's CPU)."""
+    Columns through Core, not the ORM's loading (the ORM's row handling was half of a
+    list's CPU)."""
     variables = col(RequestMessage.template_variables)
     return (
         session.connection()
@@ -42,13 +43,36 @@ def _message_rows(
             select(
                 col(RequestMessage.request_id),
                 col(RequestMessage.user_id),
-                cast(variables, Text) if stored_text else variables,
+                cast(variables, Text),
             )
             .where(col(RequestMessage.request_id).in_(json_ids))
             .order_by(col(RequestMessage.request_id), col(RequestMessage.seq))
         )
         .all()
     )
+
+
+def _messages_json(session: Session, requests: Sequence[Request]) -> dict[str, list[str]]:
+    """Each JSON request's messages as JSON texts (a CSV request has none)."""
+    messages: dict[str, list[str]] = {rid: [] for rid in _json_ids(requests)}
+    if messages:
+        for request_id, user_id, variables in _message_rows(session, list(messages)):
+            stored = variables if variables and variables != "null" else "{}"
+            messages[request_id].append(
+                f'{{"user_id":{json_text(user_id)},"template_variables":{stored}}}'
+            )
+    return messages
+
+
+def _request_json(
+    settings: Settings, request: Request, messages: dict[str, list[str]], **head: Any
+) -> str:
+    """One request as JSON text: ``request_id``, ``head``, its times, its messages (a
+    CSV request's: a signed link to its file)."""
+    start = json_text({"request_id": request.id, **head, **_times(request)})
+    link = _file_link(settings, request)
+    listed = json_text(link) if link is not None else f"[{','.join(messages.get(request.id, []))}]"
+    return f'{start[:-1]},"messages":{listed}}}'
 
 
 def _times(request: Request) -> dict[str, Any]:
@@ -61,42 +85,17 @@ def _file_link(settings: Settings, request: Request) -> str | None:
     return None
 
 
-def request_body(*, session: Session, settings: Settings, request: Request) -> dict[str, Any]:
-    """One request as created (the cancel response): JSON messages inline, a CSV's file
-    as a signed link."""
-    messages: list[dict[str, Any]] = []
-    if json_ids := _json_ids([request]):
-        messages = [
-            {"user_id": user_id, "template_variables": variables or {}}
-            for _, user_id, variables in _message_rows(session, json_ids, stored_text=False)
-        ]
-    link = _file_link(settings, request)
-    body: dict[str, Any] = {"request_id": request.id, "campaign_id": request.campaign_id}
-    return {**body, **_times(request), "messages": messages if link is None else link}
+def request_body(*, session: Session, settings: Settings, request: Request) -> bytes:
+    """One request as created (the cancel response, ``RequestOut``'s shape) as JSON
+    text: JSON messages inline, a CSV's file as a signed link."""
+    messages = _messages_json(session, [request])
+    return _request_json(settings, request, messages, campaign_id=request.campaign_id).encode()
 
 
 def scheduled_page(
     *, session: Session, settings: Settings, campaign_id: str, requests: Sequence[Request]
 ) -> bytes:
-    """The scheduled list's answer (``ScheduledList``'s shape) as JSON text.
-
-    Each message's ``template_variables`` is spliced in as the database stores it
-    (JSON already), not decoded and encoded again: a page holds up to 100 x 1,000
-    messages, and decoding them was most of a list's CPU."""
-    messages: dict[str, list[str]] = {rid: [] for rid in _json_ids(requests)}
-    if messages:
-        for request_id, user_id, variables in _message_rows(
-            session, list(messages), stored_text=True
-        ):
-            stored = variables if variables and variables != "null" else "{}"
-            messages[request_id].append(
-                f'{{"user_id":{json_text(user_id)},"template_variables":{stored}}}'
-            )
-    entries = []
-    for r in requests:
-        head = json_text({"request_id": r.id, **_times(r)})
-        link = _file_link(settings, r)
-        listed = json_text(link) if link is not None else f"[{','.join(messages.get(r.id, []))}]"
-        entries.append(f'{head[:-1]},"messages":{listed}}}')
-    page = f'{{"campaign_id":{json_text(campaign_id)},"requests":[{",".join(entries)}]}}'
-    return page.encode()
+    """The scheduled list's answer (``ScheduledList``'s shape) as JSON text."""
+    messages = _messages_json(session, requests)
+    entries = ",".join(_request_json(settings, r, messages) for r in requests)
+    return f'{{"campaign_id":{json_text(campaign_id)},"requests":[{entries}]}}'.encode()

@@ -25,6 +25,7 @@ from sqlalchemy.engine import ExceptionContext, make_url
 from sqlmodel import Session
 
 from campaign_trigger.config import get_settings
+from campaign_trigger.services import json_text
 from campaign_trigger.store.private import private_file
 
 P = ParamSpec("P")
@@ -78,6 +79,7 @@ def engine_for(url: str) -> Engine:
         # has worker threads, so that a thread never waits for a connection.
         engine = create_engine(
             url,
+            json_serializer=json_text.dumps,
             connect_args={"check_same_thread": False, "timeout": 30},
             pool_size=SQLITE_POOL_SIZE,
             max_overflow=SQLITE_POOL_OVERFLOW,
@@ -87,6 +89,7 @@ def engine_for(url: str) -> Engine:
         return engine
     engine = create_engine(
         url,
+        json_serializer=json_text.dumps,  # numbers as a JSON body wrote them
         pool_pre_ping=True,
         pool_size=10,
         max_overflow=20,

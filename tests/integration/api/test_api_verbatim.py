@@ -3,6 +3,10 @@ reaches the message file, and values with no text are refused with a 400."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 import httpx
 from api_tenants import Server, Tenant
 
@@ -38,6 +42,41 @@ def test_json_numbers_and_booleans_are_kept_as_written_through_the_server(
         {USER_FIELD: "u2", "first_name": "true", "code": "-0"},
         {USER_FIELD: "u3", "first_name": "", "code": "007"},
     ]
+
+
+def test_the_scheduled_list_and_the_cancel_show_numbers_as_written(
+    api_server: Server, tenant: Tenant
+) -> None:
+    """The echo of a JSON request is what the body wrote, as its delivery is."""
+    later = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = (
+        f'{{"campaign_id": "{tenant.started}", "send_at": "{later}", "messages": ['
+        '{"user_id": "u1", "template_variables": {"first_name": 2.00, "code": 1e3}},'
+        '{"user_id": "u2", "template_variables": {"first_name": -0, "code": 1.50E+2}}]}'
+    )
+    headers = {**tenant.auth(), "Content-Type": "application/json"}
+    response = httpx.post(f"{api_server.url}{TRIGGER}", content=body, headers=headers)
+    assert response.status_code == 200, response.text
+    request_id = response.json()["request_id"]
+    written = [
+        {"user_id": "u1", "template_variables": {"first_name": "2.00", "code": "1e3"}},
+        {"user_id": "u2", "template_variables": {"first_name": "-0", "code": "1.50E+2"}},
+    ]
+
+    def as_written(text: str) -> Any:  # each number as its text
+        return json.loads(text, parse_float=str, parse_int=str)
+
+    listed = httpx.get(
+        f"{api_server.url}/api/campaigns/{tenant.started}/request/scheduled", headers=headers
+    )
+    assert listed.status_code == 200, listed.text
+    [entry] = [r for r in as_written(listed.text)["requests"] if r["request_id"] == request_id]
+    assert entry["messages"] == written
+    cancelled = httpx.put(
+        f"{api_server.url}/api/campaigns/request/{request_id}/cancel", headers=headers
+    )
+    assert cancelled.status_code == 200, cancelled.text
+    assert as_written(cancelled.text)["messages"] == written
 
 
 def test_json_values_that_cannot_be_text_are_refused_through_the_server(
