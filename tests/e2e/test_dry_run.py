@@ -295,7 +295,7 @@ def test_a_csv_preview_reports_payloads_over_4_kb_and_leaves_no_file(
     stack: RunningStack, tenant: SeededTenant, auth: dict[str, str]
 ) -> None:
     rows = [(u, f"N{n}", f"O{n}") for n, u in enumerate(tenant.users)]
-    rows.append(("nobody", "Big", "x" * 5000))  # row 4: its payload is over 4 KB
+    rows.append(("nobody", "Big", "x" * 5000))  # row 5 (the header is 1): over 4 KB
     rows.append(("nobody-2", "Small", "O5"))
     files = stored_files()
     response = httpx.post(
@@ -309,7 +309,7 @@ def test_a_csv_preview_reports_payloads_over_4_kb_and_leaves_no_file(
     assert (preview["message_count"], preview["users_without_device"]) == (5, 2)
     assert preview["payload_error_count"] == 1
     [problem] = preview["payload_errors"]
-    assert (problem["row"], problem["user_id"], problem["platform"]) == (4, "nobody", "android")
+    assert (problem["row"], problem["user_id"], problem["platform"]) == (5, "nobody", "android")
     assert problem["error"].startswith("FPErrJSONMarshalling: payload is ")
     assert "over 4096" in problem["error"]
     big = preview["messages"][3]["rendered"]["android"]
@@ -368,7 +368,7 @@ def test_send_batch_dry_run_shows_the_preview_as_a_markdown_artifact(
     assert f"# Dry run of campaign `{tenant.campaign_id}`" in markdown
     assert "| messages | 3 |" in markdown
     assert f"| `{tenant.app_id}` | android | 3 | 3 | — |" in markdown
-    assert "| 1 | android | Hello N0 | Order O0 is on its way |" in markdown
+    assert "| 2 | android | Hello N0 | Order O0 is on its way |" in markdown  # header: 1
     assert tenant.users[0] not in markdown
     assert quota_left(tenant) == quota_before - 1
     assert stored_files() == files

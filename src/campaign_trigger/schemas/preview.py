@@ -51,7 +51,12 @@ class RenderedMessage(BaseModel):
 class PreviewMessage(BaseModel):
     """One of the first messages of the request, rendered."""
 
-    row: int = Field(description="The message's number, from 1 (a CSV file's first row).")
+    row: int = Field(
+        description=(
+            "Where the message is in what was sent: its row in a CSV file (the header is "
+            "row 1, blank lines are not counted), or its place in a JSON list (from 1)."
+        )
+    )
     user_id: str
     rendered: dict[str, RenderedMessage] = Field(
         description="Per platform of the campaign's apps (`android`, `ios`), or `inapp`."
@@ -61,7 +66,12 @@ class PreviewMessage(BaseModel):
 class PayloadProblem(BaseModel):
     """A message whose payload a provider would refuse: over 4 KB, or not serialisable."""
 
-    row: int = Field(description="The message's number, from 1.")
+    row: int = Field(
+        description=(
+            "Where the message is in what was sent: its row in a CSV file (the header is "
+            "row 1, blank lines are not counted), or its place in a JSON list (from 1)."
+        )
+    )
     user_id: str
     platform: str
     error: str

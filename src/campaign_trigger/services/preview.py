@@ -43,7 +43,7 @@ from campaign_trigger.services.delivering import ChunkJob, Rendered, push_messag
 from campaign_trigger.services.delivery_run import delivery_plan
 from campaign_trigger.services.message_file import USER_FIELD, iter_chunks
 from campaign_trigger.store.files import ABANDONED_AFTER, Storage, messages_key
-from campaign_trigger.store.models import Campaign, Channel, Platform, Request
+from campaign_trigger.store.models import Campaign, Channel, MessageSource, Platform, Request
 from campaign_trigger.store.private import private_dir
 
 PREVIEWS_DIR = "previews"
@@ -160,6 +160,7 @@ def _preview_message(
     rendered: Rendered,
     *,
     row: int,
+    number: int,
     user_id: str,
 ) -> PreviewMessage:
     shown: dict[str, RenderedMessage]
@@ -167,7 +168,7 @@ def _preview_message(
         shown = {"inapp": RenderedMessage(title=rendered.titles[row], body=rendered.bodies[row])}
     else:
         shown = {p.value: _shown(p, job, rendered, row) for p in platforms}
-    return PreviewMessage(row=job.first_row + row + 1, user_id=user_id, rendered=shown)
+    return PreviewMessage(row=number, user_id=user_id, rendered=shown)
 
 
 def describe(
@@ -179,6 +180,9 @@ def describe(
     platforms = sorted({app.platform for app in plan.apps}, key=lambda p: p.value)
     tally = _Tally(plan.apps)
     key = messages_key(request.id)
+    # where the caller finds the message: a CSV's row as its reading errors number it
+    # (the header is row 1, services/ingest.py), a JSON list's place (1 for the first)
+    first = 2 if request.source == MessageSource.csv else 1
     for chunk_no, chunk in enumerate(iter_chunks(storage=files, key=key)):
         job = plan.job(chunk_no)
         users: list[str] = chunk.column(USER_FIELD).to_pylist()
@@ -189,11 +193,17 @@ def describe(
         )
         rendered = render_chunk(job, chunk)
         for row, user_id in enumerate(users):
-            number = job.first_row + row + 1
+            number = job.first_row + row + first
             if len(tally.messages) < PREVIEW_ROWS:
                 tally.messages.append(
                     _preview_message(
-                        plan.channel, platforms, job, rendered, row=row, user_id=user_id
+                        plan.channel,
+                        platforms,
+                        job,
+                        rendered,
+                        row=row,
+                        number=number,
+                        user_id=user_id,
                     )
                 )
             for platform in platforms if plan.channel == Channel.push else ():
