@@ -259,16 +259,19 @@ async def read_scheduled_requests(
     after: Annotated[
         str | None,
         Query(
+            max_length=64,
             description=(
                 "Start after this request: the last request_id of the page before. Such "
                 "pages do not shift when a request of an earlier page starts or is "
                 "cancelled meanwhile (an offset does); `offset` then counts from it."
-            )
+            ),
         ),
     ] = None,
 ) -> Response:
     """List a campaign's scheduled requests, soonest first."""
     check_campaign_id(campaign_id)  # a blank one: Empty campaign identifier
+    if after is not None and not after.strip():
+        raise InvalidInput(NO_REQUEST_ID)
     requests, total = await lifecycle.scheduled_requests(
         session=session,
         org_id=identity.org_id,

@@ -185,6 +185,10 @@ def test_the_spec_refusals_raise_bad_request_with_their_message(
         "The request r-gone was not found": lambda: api.scheduled(
             tenant.campaign_id, after="r-gone"
         ),
+        "You must provide a request_id": lambda: api.scheduled(tenant.campaign_id, after=" "),
+        "Invalid query parameter 'after': String should have at most 64 characters": (
+            lambda: api.scheduled(tenant.campaign_id, after="r" * 65)
+        ),
     }
     for message, call in refusals.items():
         with pytest.raises(BadRequest) as caught:
