@@ -194,9 +194,12 @@ class PublicOnly(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         addresses = await public_addresses(host, port)
+        # each address but the last gets its share of the connect timeout: one that drops
+        # packets silently would otherwise take all of it and leave the next untried
+        share = None if timeout is None else timeout / len(addresses)
         for address in addresses[:-1]:
             with contextlib.suppress(httpcore.ConnectError, httpcore.ConnectTimeout):
-                return await self._connect(address, port, timeout, local_address, socket_options)
+                return await self._connect(address, port, share, local_address, socket_options)
         return await self._connect(addresses[-1], port, timeout, local_address, socket_options)
 
     async def _connect(

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 from sqlmodel import Session, col, select
@@ -487,6 +488,39 @@ async def test_a_host_whose_first_address_does_not_answer_is_reached_on_the_next
         job = Job(delivery_id=1, url=f"http://two.test:{port}/h", secret="whsec_x", body=b"{}")
         async with httpx.AsyncClient(transport=transport_for(settings)) as client:
             assert (await attempt(client, settings, job))[:2] == (200, None)
+    assert got == [b"POST /h HTTP/1.1"]
+
+
+async def test_a_first_address_that_never_answers_leaves_time_for_the_next(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 127.0.0.3 stands for an address that drops packets: its connection waits out the
+    # timeout it is given (the kernel would refuse it at once)
+    async def two(host: str, port: int, **_: object) -> list[tuple[Any, ...]]:
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))
+            for address in ("127.0.0.3", "127.0.0.1")
+        ]
+
+    real = httpcore.AnyIOBackend.connect_tcp
+
+    async def silent_first(
+        backend: httpcore.AnyIOBackend, host: str, port: int, **options: Any
+    ) -> httpcore.AsyncNetworkStream:
+        if host == "127.0.0.3":
+            await asyncio.sleep(options["timeout"])
+            raise httpcore.ConnectTimeout("timed out")
+        return await real(backend, host, port, **options)
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", two)
+    monkeypatch.setattr(webhooks, "is_private", lambda address: False)
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", silent_first)
+    quick = settings.model_copy(update={"webhook_timeout_seconds": 2.0})
+    async with _receiver() as (port, got):
+        job = Job(delivery_id=1, url=f"http://two.test:{port}/h", secret="whsec_x", body=b"{}")
+        timeout = httpx.Timeout(quick.webhook_timeout_seconds)
+        async with httpx.AsyncClient(transport=transport_for(quick), timeout=timeout) as client:
+            assert (await attempt(client, quick, job))[:2] == (200, None)
     assert got == [b"POST /h HTTP/1.1"]
 
 
