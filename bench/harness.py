@@ -388,9 +388,6 @@ def seed_audience(count: int, *, batch: int = 50_000, platform: str = "android")
         ]
         with session_scope() as session:
             session.connection().exec_driver_sql(statement, rows)
-    if dialect.name == "postgresql":  # as an import leaves it (services/device_import.py)
-        with session_scope() as session:
-            session.connection().exec_driver_sql("ANALYZE device")
     return Audience(org_id=org_id, campaign_id=campaign_id, users=users)
 
 

@@ -75,9 +75,11 @@ def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list
     import and a registration committing the same token at once each find no other
     holder (read committed) and both keep it; the phone must then get one message, and
     only for its newer install's user (the rule of migration 0008). The check is one
-    probe of the token's hash index per device (the import ANALYZEs the table: with no
-    statistics the planner also scanned the app's whole user index for each device).
-    SQLite has one writer at a time, so the writers' rule holds there alone."""
+    probe of the token's hash index per device: the app's equality is written ``IS
+    TRUE``, which no index serves, because on a table with no statistics yet (devices
+    just loaded) the planner also scanned the app's whole user index for every device
+    (50,000 devices: 5.7 s for 2,000 users against 0.02 s). SQLite has one writer at a
+    time, so the writers' rule holds there alone."""
     connection = session.connection()
     gone = or_(col(Device.unregistered_at).is_not(None), col(Device.uninstalled_at).is_not(None))
     if connection.dialect.name == "postgresql":
@@ -86,7 +88,7 @@ def _device_rows(session: Session, app_ids: list[str], users: list[str]) -> list
             gone,
             exists().where(
                 col(newer.push_token) == col(Device.push_token),
-                col(newer.app_id) == col(Device.app_id),
+                (col(newer.app_id) == col(Device.app_id)).is_(True),
                 or_(
                     col(newer.updated_at) > col(Device.updated_at),
                     and_(

@@ -305,6 +305,3 @@ def _copy_postgres(
         cursor.execute(POSTGRES_UPDATE, {"app_id": app_id, "now": now})
         cursor.execute(POSTGRES_INSERT, {"app_id": app_id, "now": now})
         cursor.execute("DROP TABLE device_import")
-        # fresh statistics for the sends that follow (services/audience.py: a table
-        # loaded with no statistics had each device's token check scan the app's index)
-        cursor.execute("ANALYZE device")
