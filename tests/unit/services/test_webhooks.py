@@ -471,19 +471,23 @@ def test_an_ipv6_address_carrying_a_public_ipv4_one_is_public(address: str) -> N
     assert not webhooks.is_private(address)
 
 
+def _public_name_at(monkeypatch: pytest.MonkeyPatch, *addresses: str) -> None:
+    """Every name resolves to ``addresses``, in that order, and every address counts as
+    public (so that local receivers stand for public ones)."""
+
+    async def resolve(host: str, port: int, **_: object) -> list[tuple[Any, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in addresses]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", resolve)
+    monkeypatch.setattr(webhooks, "is_private", lambda address: False)
+
+
 async def test_a_host_whose_first_address_does_not_answer_is_reached_on_the_next(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # as httpx's own lookup does: every address the name has, in turn (here 127.0.0.2
-    # refuses the connection; both count as public for the test)
-    async def two(host: str, port: int, **_: object) -> list[tuple[Any, ...]]:
-        return [
-            (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))
-            for address in ("127.0.0.2", "127.0.0.1")
-        ]
-
-    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", two)
-    monkeypatch.setattr(webhooks, "is_private", lambda address: False)
+    # refuses the connection)
+    _public_name_at(monkeypatch, "127.0.0.2", "127.0.0.1")
     async with _receiver() as (port, got):
         job = Job(delivery_id=1, url=f"http://two.test:{port}/h", secret="whsec_x", body=b"{}")
         async with httpx.AsyncClient(transport=transport_for(settings)) as client:
@@ -496,12 +500,7 @@ async def test_a_first_address_that_never_answers_leaves_time_for_the_next(
 ) -> None:
     # 127.0.0.3 stands for an address that drops packets: its connection waits out the
     # timeout it is given (the kernel would refuse it at once)
-    async def two(host: str, port: int, **_: object) -> list[tuple[Any, ...]]:
-        return [
-            (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))
-            for address in ("127.0.0.3", "127.0.0.1")
-        ]
-
+    _public_name_at(monkeypatch, "127.0.0.3", "127.0.0.1")
     real = httpcore.AnyIOBackend.connect_tcp
 
     async def silent_first(
@@ -512,8 +511,6 @@ async def test_a_first_address_that_never_answers_leaves_time_for_the_next(
             raise httpcore.ConnectTimeout("timed out")
         return await real(backend, host, port, **options)
 
-    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", two)
-    monkeypatch.setattr(webhooks, "is_private", lambda address: False)
     monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", silent_first)
     quick = settings.model_copy(update={"webhook_timeout_seconds": 2.0})
     async with _receiver() as (port, got):
